@@ -1,0 +1,67 @@
+"""Running a method: build an in-process simulation, step it, log, detect divergence."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .comm import InProcessComm
+from .compressors import Compressor
+from .lmo import assign_lmos
+from .methods import Method, make_method
+from .worker import Oracle, Worker
+
+
+def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *,
+             compressor: Compressor, blocks=None, seed: int = 0, **hparams) -> Method:
+    """n = len(oracles) workers in this process, worker tau owning ``oracles[tau]``."""
+    comm = InProcessComm(len(oracles), seed=seed)
+    workers = [Worker(r, o, seed) for r, o in enumerate(oracles)]
+    return make_method(method, list(params), workers, comm, compressor=compressor,
+                       blocks=blocks, seed=seed, **hparams)
+
+
+def simulate_module(method: str, model: nn.Module, oracles: Sequence[Oracle], *,
+                    compressor: Compressor, lmo_rules=None, lmo_default: str = "scion",
+                    ns_steps: int = 5, seed: int = 0, **hparams) -> Method:
+    """As :func:`simulate` for a ``torch.nn.Module``: LMOs assigned by name and shape."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    blocks = assign_lmos([(n, p.shape) for n, p in named], lmo_rules, lmo_default, ns_steps)
+    return simulate(method, [p.data for _, p in named], oracles, compressor=compressor,
+                    blocks=blocks, seed=seed, **hparams)
+
+
+def is_finite(params: Sequence[Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Method], dict],
+          on_log: Callable[[dict], None] = lambda row: None,
+          on_step: Callable[[Method], None] = lambda m: None) -> str:
+    """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``).
+
+    Logs a row {step, comm, bytes, **evaluate(method)} at step 0, every ``log_every`` steps and
+    at the end. Returns "ok", or "diverged" as soon as parameters or a logged value stop being
+    finite (the run is then recorded, not crashed).
+    """
+    def log() -> bool:
+        row = {"step": method.k, "comm": method.comm.ledger.cost,
+               "bytes": method.comm.ledger.bytes}
+        finite = is_finite(method.params)
+        if finite:
+            row.update(evaluate(method))
+            finite = all(math.isfinite(v) for v in row.values() if isinstance(v, float))
+        on_log(row)
+        return finite
+
+    if method.k == 0 and not log():
+        return "diverged"
+    while method.k < steps:
+        method.step()
+        if method.k % log_every == 0 or method.k == steps:
+            if not log():
+                return "diverged"
+        on_step(method)
+    return "ok"

@@ -1,0 +1,166 @@
+"""Linear minimisation oracles, one per norm (SPEC section 2).
+
+``lmo(M)`` returns D = argmin_{||D|| <= 1} <M, D> for the block's norm, so the Gluon step is
+X <- X + radius * D. ``dual_norm(M)`` is ||M||_*, with <M, lmo(M)> = -||M||_* for the exact
+LMOs; tests check both.
+
+The norms follow Scion (Pethick et al. 2025): a spectral LMO scaled by sqrt(d_out/d_in) for
+hidden matrices, a sign LMO scaled by 1/d_in for the head, an RMS-normalised LMO for biases.
+The scales are part of the norm's definition; ``scale=False`` gives the plain unit ball.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+_EPS = 1e-12
+
+
+class LMO:
+    name = "base"
+
+    def __call__(self, m: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def dual_norm(self, m: Tensor) -> float:
+        """||m||_* for this LMO's norm: equals -<m, lmo(m)> when the LMO is exact."""
+        return float(-(m * self(m)).sum())
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class Euclidean(LMO):
+    """l2 ball: D = -M/||M||_2 (normalised SGD with momentum)."""
+    name = "euclidean"
+
+    def __call__(self, m):
+        return -m / m.norm().clamp_min(_EPS)
+
+
+class Sign(LMO):
+    """l_inf ball: D = -sign(M); Scion's "Sign" form divides by d_in (the row length)."""
+    name = "sign"
+
+    def __init__(self, scale: bool = True):
+        self.scale = scale
+
+    def __call__(self, m):
+        d = -torch.sign(m)
+        if self.scale and m.ndim >= 2:
+            d = d / (m.numel() // m.shape[0])
+        return d
+
+
+class RMS(LMO):
+    """RMS-normalised ball for biases / norm parameters: D = -M / rms(M)."""
+    name = "rms"
+
+    def __call__(self, m):
+        rms = m.pow(2).mean().sqrt().clamp_min(_EPS)
+        return -m / rms
+
+
+# Muon's quintic Newton-Schulz coefficients: they push all singular values into about
+# [0.68, 1.13] in 5 steps instead of converging to exactly 1 (faster, good enough).
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(m: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+    """Approximate the polar factor U V^T of a 2-D matrix m = U S V^T."""
+    a, b, c = NS_COEFFS
+    x = m / (m.norm() + eps)  # Frobenius scaling puts every singular value in [0, 1]
+    transpose = x.shape[0] > x.shape[1]
+    if transpose:  # iterate on the short side: X X^T is then the small Gram matrix
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if transpose else x
+
+
+class Spectral(LMO):
+    """Spectral-norm ball: D = -U V^T (exact SVD, or ``ns_steps`` Newton-Schulz steps).
+
+    Conv kernels are flattened to out x (in*kh*kw). With ``scale`` the step is multiplied by
+    sqrt(d_out/d_in) as in Scion, so that the RMS->RMS operator norm is the one bounded.
+    """
+    name = "spectral"
+
+    def __init__(self, ns_steps: int = 5, scale: bool = True):
+        self.ns_steps = ns_steps
+        self.scale = scale
+
+    def __call__(self, m):
+        mat = m.reshape(m.shape[0], -1)
+        if self.ns_steps > 0:
+            polar = newton_schulz(mat.float(), self.ns_steps).to(m.dtype)
+        else:
+            u, _, vh = torch.linalg.svd(mat, full_matrices=False)
+            polar = u @ vh
+        d = -polar
+        if self.scale:
+            d = d * math.sqrt(mat.shape[0] / mat.shape[1])
+        return d.reshape(m.shape)
+
+    def __repr__(self):
+        return f"Spectral(ns_steps={self.ns_steps}, scale={self.scale})"
+
+
+LMOS = {"euclidean": Euclidean, "sign": Sign, "rms": RMS, "spectral": Spectral}
+
+
+def make_lmo(name: str, **kwargs) -> LMO:
+    if name not in LMOS:
+        raise ValueError(f"unknown LMO {name!r}; choose one of {sorted(LMOS)}")
+    return LMOS[name](**kwargs)
+
+
+@dataclass
+class Block:
+    """One parameter block: its LMO and its radius scale t_i (step = t_i * lr * lmo(M))."""
+    name: str
+    lmo: LMO
+    scale: float = 1.0
+
+
+def assign_lmos(named_shapes: Sequence[tuple[str, torch.Size]],
+                rules: Sequence[tuple[str, str, float]] | None = None,
+                default: str = "scion", ns_steps: int = 5) -> list[Block]:
+    """Give every parameter a block (LMO + radius scale).
+
+    ``rules`` are (regex on the parameter name, LMO name, radius scale), first match wins,
+    and override the default rule. Default rules:
+
+    * ``"scion"``: matrices and conv kernels -> spectral, the last matrix (the head) -> sign,
+      vectors (biases, norm weights) -> rms. The CNN experiment's choice.
+    * ``"euclidean"``: every block l2 (the logistic-regression experiment).
+    """
+    if default not in ("scion", "euclidean"):
+        raise ValueError(f"unknown default LMO rule {default!r}; use 'scion' or 'euclidean'")
+    rules = [(re.compile(p), n, float(s)) for p, n, s in (rules or [])]
+    matrices = [i for i, (_, shape) in enumerate(named_shapes) if len(shape) >= 2]
+    head = matrices[-1] if matrices else None
+    blocks = []
+    for i, (name, shape) in enumerate(named_shapes):
+        for pattern, lmo_name, scale in rules:
+            if pattern.search(name):
+                kw = {"ns_steps": ns_steps} if lmo_name == "spectral" else {}
+                blocks.append(Block(name, make_lmo(lmo_name, **kw), scale))
+                break
+        else:
+            if default == "euclidean":
+                lmo = Euclidean()
+            elif len(shape) < 2:
+                lmo = RMS()
+            elif i == head:
+                lmo = Sign()
+            else:
+                lmo = Spectral(ns_steps=ns_steps)
+            blocks.append(Block(name, lmo))
+    return blocks

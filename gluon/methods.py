@@ -1,0 +1,370 @@
+"""The paper's algorithms (SPEC section 4) and its baselines (section 5), each written once.
+
+Every method sees only: the global parameters X (a list of blocks, updated in place), the
+workers this process hosts, a :class:`~gluon.comm.Comm` backend, an update rule and a
+compressor. The same code therefore runs in the in-process simulation (all n workers local)
+and on torch.distributed (one local worker per process).
+
+Notation follows SPEC: u^k is the shared coin (u^0 = 1), g^k the gradient estimator, M^k the
+momentum, Delta^{tau,k} = grad f_xi(X^k) - grad f_xi(X^{k-1}) on one minibatch xi, e^{tau,k}
+the error-feedback memory. ``self.u`` holds u^k during step k; u^{k+1} is drawn at its end.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .comm import DENSE, Comm, Message, encode
+from .compressors import Compressor, Identity, Zero
+from .lmo import Block, Euclidean
+from .worker import Worker
+
+
+# ---------------------------------------------------------------- update rules (X <- X + ...)
+
+class LMOUpdate:
+    """Gluon's step: X_i <- X_i + t_i * lr * lmo_i(M_i), one LMO and radius scale per block."""
+
+    def __init__(self, blocks: Sequence[Block]):
+        self.blocks = list(blocks)
+
+    def __call__(self, params, direction, lr):
+        if len(self.blocks) != len(params):
+            raise ValueError(f"{len(self.blocks)} LMO blocks for {len(params)} parameter blocks")
+        for p, m, b in zip(params, direction, self.blocks):
+            p.add_(b.lmo(m), alpha=lr * b.scale)
+
+
+class GradientUpdate:
+    """Plain gradient step X <- X - lr * M (VR-MARINA)."""
+
+    def __call__(self, params, direction, lr):
+        for p, m in zip(params, direction):
+            p.add_(m, alpha=-lr)
+
+
+def _axpby(a: float, xs, b: float, ys):
+    return [a * x + b * y for x, y in zip(xs, ys)]
+
+
+# ---------------------------------------------------------------- the common skeleton
+
+class Method:
+    """Shared state and helpers. Subclasses implement :meth:`_direction` for step k."""
+
+    name = "method"
+    needs = "any"  # which compressors the theory allows: "unbiased", "contraction" or "any"
+
+    def __init__(self, params: Sequence[Tensor], workers: Sequence[Worker], comm: Comm,
+                 update, compressor: Compressor, *, lr: float, beta: float = 0.9,
+                 q: float = 1.0, B: int = 1, scale_by_B: bool = True, seed: int = 0):
+        check_hparams(lr=lr, beta=beta, q=q, B=B)
+        _check_kind(self, compressor)
+        self.params = list(params)
+        self.workers = list(workers)
+        if [w.rank for w in self.workers] != list(comm.local_workers):
+            raise ValueError("workers must be the comm backend's local workers, in rank order")
+        self.comm, self.update, self.compressor = comm, update, compressor
+        self.lr, self.beta, self.q, self.B = float(lr), float(beta), float(q), int(B)
+        self.scale_by_B = bool(scale_by_B)
+        self.seed = seed
+        self.dim = sum(p.numel() for p in self.params)
+        self.k = 0
+        self.u = True                      # u^0 = 1
+        self.prev = [p.detach().clone() for p in self.params]  # X^{-1} := X^0
+        self.g: list[Tensor] | None = None
+        self.M: list[Tensor] | None = None
+
+    # --- one iteration
+    @torch.no_grad()
+    def step(self) -> None:
+        direction = self._direction()
+        current = [p.detach().clone() for p in self.params]
+        self.update(self.params, direction, self.lr)
+        self.prev = current
+        self.k += 1
+
+    def _direction(self) -> list[Tensor]:
+        raise NotImplementedError
+
+    # --- helpers shared by the algorithms
+    def send(self, compressor: Compressor, worker: Worker, blocks) -> Message:
+        return encode(compressor, blocks, run_seed=self.seed, worker=worker.rank, step=self.k,
+                      dim=self.dim)
+
+    def large_batch_grad(self, w: Worker) -> list[Tensor]:
+        """g^{tau,k}: the mean gradient over B minibatches drawn at X^k."""
+        return w.oracle.grad(self.params, w.sample(self.B))
+
+    def delta(self, w: Worker) -> list[Tensor]:
+        """Delta^{tau,k} on one fresh minibatch; scaled by 1/B when u^k = 0 and the switch is on
+        (the paper's empirical trick, Section 6.1)."""
+        d = w.oracle.grad_diff(self.params, self.prev, w.sample(1))
+        if self.scale_by_B and not self.u and self.B > 1:
+            d = [x / self.B for x in d]
+        return d
+
+    def full_sync(self) -> list[Tensor]:
+        return self.comm.average([self.send(DENSE, w, self.large_batch_grad(w))
+                                  for w in self.workers])
+
+    def momentum(self, g, y=None) -> list[Tensor]:
+        """M^k = beta M^{k-1} + (1-beta) g^k (+ beta y^k for MVR); M^0 = g^0."""
+        if self.M is None:
+            return [x.clone() for x in g]
+        m = _axpby(self.beta, self.M, 1 - self.beta, g)
+        if y is not None:
+            m = [a + self.beta * b for a, b in zip(m, y)]
+        return m
+
+    # --- checkpointing: everything a bit-identical resume needs
+    def state_dict(self) -> dict:
+        clone = lambda xs: None if xs is None else [x.clone() for x in xs]
+        return {"k": self.k, "u": self.u, "params": clone(self.params), "prev": clone(self.prev),
+                "g": clone(self.g), "M": clone(self.M), "extra": self._extra_state(),
+                "workers": [w.state_dict() for w in self.workers],
+                "comm": self.comm.state_dict()}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.k, self.u = s["k"], s["u"]
+        with torch.no_grad():
+            for p, v in zip(self.params, s["params"]):
+                p.copy_(v)
+        self.prev, self.g, self.M = s["prev"], s["g"], s["M"]
+        self._load_extra_state(s["extra"])
+        for w, ws in zip(self.workers, s["workers"]):
+            w.load_state_dict(ws)
+        self.comm.load_state_dict(s["comm"])
+
+    def _extra_state(self):
+        return {}
+
+    def _load_extra_state(self, s):
+        pass
+
+
+# ---------------------------------------------------------------- Algorithms 1-4
+
+class Alg1(Method):
+    """Compressed Gluon with an unbiased compressor Q (Algorithm 1)."""
+    name = "alg1"
+    needs = "unbiased"
+
+    def _direction(self):
+        if self.u:
+            g = self.full_sync()
+        else:
+            y = self.comm.average([self.send(self.compressor, w, self.delta(w))
+                                   for w in self.workers])
+            g = [a + b for a, b in zip(self.g, y)]
+        self.g = g
+        self.u = self.comm.coin(self.q)   # u^{k+1}
+        self.M = self.momentum(g)
+        return self.M
+
+
+class Alg2(Method):
+    """Compressed Gluon with error feedback and a contraction C (Algorithm 2)."""
+    name = "alg2"
+    needs = "contraction"
+
+    def _direction(self):
+        if self.u:
+            for w in self.workers:
+                w.state["e"] = None      # e^{tau,k+1} = 0
+            g = self.full_sync()
+        else:
+            msgs = []
+            for w in self.workers:
+                x = _add_error(self.delta(w), w.state.get("e"))
+                m = self.send(self.compressor, w, x)
+                w.state["e"] = [a - b for a, b in zip(x, m.values)]   # e + Delta - y
+                msgs.append(m)
+            g = [a + b for a, b in zip(self.g, self.comm.average(msgs))]
+        self.g = g
+        self.u = self.comm.coin(self.q)
+        self.M = self.momentum(g)
+        return self.M
+
+
+class Alg3(Method):
+    """Compressed Gluon with momentum variance reduction, unbiased Q (Algorithm 3)."""
+    name = "alg3"
+    needs = "unbiased"
+
+    def _direction(self):
+        y = self.comm.average([self.send(self.compressor, w, self.delta(w)) for w in self.workers])
+        g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
+        self.g = g
+        self.u = self.comm.coin(self.q)
+        self.M = self.momentum(g, y)
+        return self.M
+
+
+class Alg4(Method):
+    """Compressed Gluon with error feedback and MVR, contraction C (Algorithm 4)."""
+    name = "alg4"
+    needs = "contraction"
+
+    def _direction(self):
+        msgs = []
+        for w in self.workers:
+            x = _add_error(self.delta(w), w.state.get("e"))
+            if self.u:   # flush: send e + Delta uncompressed and forget the error
+                m = self.send(DENSE, w, x)
+                w.state["e"] = None
+            else:
+                m = self.send(self.compressor, w, x)
+                w.state["e"] = [a - b for a, b in zip(x, m.values)]
+            msgs.append(m)
+        y = self.comm.average(msgs)
+        g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
+        self.g = g
+        self.u = self.comm.coin(self.q)
+        self.M = self.momentum(g, y)
+        return self.M
+
+
+def _add_error(delta, e):
+    return [d.clone() for d in delta] if e is None else [d + x for d, x in zip(delta, e)]
+
+
+# ---------------------------------------------------------------- baselines
+
+class VRMarina(Alg1):
+    """VR-MARINA with momentum (Gorbunov et al. 2022): with probability q every worker sends
+    its full local gradient (whole shard), otherwise Q(Delta) on a minibatch; then a plain
+    gradient step X <- X - lr * M. ``full=False`` uses B minibatches instead of the shard."""
+    name = "vr_marina"
+
+    def __init__(self, *args, full: bool = True, **kw):
+        kw.setdefault("scale_by_B", False)
+        super().__init__(*args, **kw)
+        self.full = bool(full)
+
+    def large_batch_grad(self, w):
+        if self.full:
+            return w.oracle.grad(self.params, w.oracle.full())
+        return super().large_batch_grad(w)
+
+
+class EF21Muon(Method):
+    """EF21-Muon (Gruntkowska et al. 2025), uplink-only form, beta = momentum *decay*:
+
+        M_tau <- beta M_tau + (1-beta) grad f_xi(X)      (local momentum, one minibatch)
+        R_tau  = C(M_tau - G_tau);  G_tau <- G_tau + R_tau    (sent: R_tau)
+        G = mean_tau G_tau (kept by the server as G <- G + mean R);  LMO step with G.
+
+    Step 0 mirrors u^0 = 1 of the other methods: M_tau^0 is the first stochastic gradient and is
+    sent uncompressed, so G^0 = M^0 (cost 1). q and B do not apply.
+    """
+    name = "ef21_muon"
+    needs = "contraction"
+
+    def _direction(self):
+        msgs = []
+        for w in self.workers:
+            grad = w.oracle.grad(self.params, w.sample(1))
+            mom = w.state.get("M")
+            mom = grad if mom is None else _axpby(self.beta, mom, 1 - self.beta, grad)
+            w.state["M"] = mom
+            if self.k == 0:
+                m = self.send(DENSE, w, mom)
+                w.state["G"] = [x.clone() for x in m.values]
+            else:
+                m = self.send(self.compressor, w, [a - b for a, b in zip(mom, w.state["G"])])
+                w.state["G"] = [a + b for a, b in zip(w.state["G"], m.values)]
+            msgs.append(m)
+        r = self.comm.average(msgs)
+        self.g = r if self.g is None else [a + b for a, b in zip(self.g, r)]
+        self.M = self.g
+        return self.g
+
+
+# ---------------------------------------------------------------- names and the factory
+
+def _check_kind(method, c: Compressor):
+    if isinstance(c, Identity) or method.needs == "any":
+        return
+    if method.needs == "unbiased" and not c.unbiased:
+        raise ValueError(f"{method.name} needs an unbiased compressor (identity, randk, natural, "
+                         f"qsgd); got {c.name!r}")
+    if method.needs == "contraction" and c.unbiased:
+        raise ValueError(f"{method.name} needs a contraction compressor (identity, topk, zero); "
+                         f"got {c.name!r}")
+
+
+def check_hparams(*, lr=None, beta=None, q=None, B=None):
+    """Reject bad hyperparameters before any compute."""
+    if lr is not None and not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if beta is not None and not (0.0 <= beta < 1.0):
+        raise ValueError(f"beta must lie in [0, 1), got {beta}")
+    if q is not None and not (0.0 <= q <= 1.0):
+        raise ValueError(f"q must lie in [0, 1], got {q}")
+    if B is not None and (int(B) != B or B < 1):
+        raise ValueError(f"B must be a positive integer, got {B}")
+
+
+# name -> (class, fixed settings, settings the user may set)
+METHODS = {
+    "alg1": (Alg1, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "alg2": (Alg2, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "alg3": (Alg3, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "alg4": (Alg4, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "gluon": (Alg1, {"q": 1.0, "B": 1, "compressor": "identity"}, {"beta", "lr"}),
+    "vr_marina": (VRMarina, {"update": "gradient"}, {"q", "B", "beta", "lr", "full", "scale_by_B"}),
+    "ef21_muon": (EF21Muon, {}, {"beta", "lr"}),
+    "local_gluon": (Alg2, {"compressor": "zero"}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "local_gluon_ecmvr": (Alg4, {"compressor": "zero"}, {"q", "B", "beta", "lr", "scale_by_B"}),
+    "vr_gluon": (Alg1, {"compressor": "identity"}, {"q", "B", "beta", "lr", "scale_by_B"}),
+}
+
+
+def method_spec(name: str):
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[name]
+
+
+def make_method(name: str, params, workers, comm, *, compressor: Compressor, blocks=None,
+                update=None, seed: int = 0, **hparams) -> Method:
+    """Build method ``name`` over ``params``.
+
+    ``blocks`` (from :func:`gluon.lmo.assign_lmos`) give the LMO step; without them every block
+    is Euclidean. Settings that a method fixes (gluon: q = 1, B = 1, identity compressor) are
+    applied here; setting them to something else is an error, not silently ignored.
+    """
+    cls, fixed, allowed = method_spec(name)
+    unknown = set(hparams) - allowed - set(fixed)
+    if unknown:
+        raise ValueError(f"method {name!r} takes {sorted(allowed)}; got unexpected {sorted(unknown)}")
+    for key, value in fixed.items():
+        if key == "compressor":
+            if compressor.name != value:
+                raise ValueError(f"method {name!r} always uses the {value!r} compressor; "
+                                 f"got {compressor.name!r}")
+        elif key in hparams and hparams[key] is not None and hparams[key] != value:
+            raise ValueError(f"method {name!r} fixes {key} = {value}; got {hparams[key]}")
+        elif key != "update":
+            hparams[key] = value
+    if name == "vr_gluon":   # Section 2.2: uncompressed with q * B = 1
+        q = hparams.get("q", 1.0)
+        check_hparams(q=q)
+        B = max(1, round(1.0 / q)) if q > 0 else None
+        if B is None or abs(q * B - 1.0) > 1e-9:
+            raise ValueError(f"vr_gluon needs q = 1/B for an integer B; got q = {q}")
+        if hparams.get("B") not in (None, B):
+            raise ValueError(f"vr_gluon sets B = 1/q = {B}; got B = {hparams['B']}")
+        hparams["B"] = B
+    hparams = {k: v for k, v in hparams.items() if v is not None}
+    if update is None:
+        if fixed.get("update") == "gradient":
+            update = GradientUpdate()
+        else:
+            update = LMOUpdate(blocks if blocks is not None else
+                               [Block(str(i), Euclidean()) for i in range(len(list(params)))])
+    return cls(params, workers, comm, update, compressor, seed=seed, **hparams)
