@@ -10,7 +10,7 @@ from .compressors import (COMPRESSORS, QSGD, Compressor, Identity, Natural, Pack
                           TopK, Zero, make_compressor, message_seed)
 from .engine import simulate, simulate_module, train
 from .lmo import LMOS, RMS, Block, Euclidean, Sign, Spectral, assign_lmos, make_lmo, newton_schulz
-from .methods import (METHODS, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate,
+from .methods import (METHODS, resolve_method, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate,
                       Method, VRMarina, check_hparams, make_method)
 from .worker import ModuleOracle, Oracle, Worker
 

@@ -330,15 +330,15 @@ def method_spec(name: str):
     return METHODS[name]
 
 
-def make_method(name: str, params, workers, comm, *, compressor: Compressor, blocks=None,
-                update=None, seed: int = 0, **hparams) -> Method:
-    """Build method ``name`` over ``params``.
+def resolve_method(name: str, compressor: Compressor, hparams: dict):
+    """Check a method's name, compressor and hyperparameters without building anything.
 
-    ``blocks`` (from :func:`gluon.lmo.assign_lmos`) give the LMO step; without them every block
-    is Euclidean. Settings that a method fixes (gluon: q = 1, B = 1, identity compressor) are
-    applied here; setting them to something else is an error, not silently ignored.
+    Returns (class, hyperparameters, update kind). Settings that a method fixes (gluon: q = 1,
+    B = 1, identity compressor) are applied here; setting them to something else is an error,
+    not silently ignored. Experiments call this before loading any data.
     """
     cls, fixed, allowed = method_spec(name)
+    hparams = {k: v for k, v in hparams.items() if v is not None}
     unknown = set(hparams) - allowed - set(fixed)
     if unknown:
         raise ValueError(f"method {name!r} takes {sorted(allowed)}; got unexpected {sorted(unknown)}")
@@ -347,9 +347,11 @@ def make_method(name: str, params, workers, comm, *, compressor: Compressor, blo
             if compressor.name != value:
                 raise ValueError(f"method {name!r} always uses the {value!r} compressor; "
                                  f"got {compressor.name!r}")
-        elif key in hparams and hparams[key] is not None and hparams[key] != value:
+        elif key == "update":
+            continue
+        elif key in hparams and hparams[key] != value:
             raise ValueError(f"method {name!r} fixes {key} = {value}; got {hparams[key]}")
-        elif key != "update":
+        else:
             hparams[key] = value
     if name == "vr_gluon":   # Section 2.2: uncompressed with q * B = 1
         q = hparams.get("q", 1.0)
@@ -357,14 +359,29 @@ def make_method(name: str, params, workers, comm, *, compressor: Compressor, blo
         B = max(1, round(1.0 / q)) if q > 0 else None
         if B is None or abs(q * B - 1.0) > 1e-9:
             raise ValueError(f"vr_gluon needs q = 1/B for an integer B; got q = {q}")
-        if hparams.get("B") not in (None, B):
+        if hparams.get("B", B) != B:
             raise ValueError(f"vr_gluon sets B = 1/q = {B}; got B = {hparams['B']}")
         hparams["B"] = B
-    hparams = {k: v for k, v in hparams.items() if v is not None}
+    check_hparams(**{k: hparams.get(k) for k in ("lr", "beta", "q", "B")})
+    if "lr" not in hparams:
+        raise ValueError(f"method {name!r} needs a learning rate lr")
+    _check_kind(cls, compressor)
+    return cls, hparams, fixed.get("update", "lmo")
+
+
+def make_method(name: str, params, workers, comm, *, compressor: Compressor, blocks=None,
+                update=None, seed: int = 0, **hparams) -> Method:
+    """Build method ``name`` over ``params`` (checked by :func:`resolve_method` first).
+
+    ``blocks`` (from :func:`gluon.lmo.assign_lmos`) give the LMO step; without them every block
+    is Euclidean. ``update`` replaces the update rule altogether.
+    """
+    cls, hparams, kind = resolve_method(name, compressor, hparams)
+    params = list(params)
     if update is None:
-        if fixed.get("update") == "gradient":
+        if kind == "gradient":
             update = GradientUpdate()
         else:
             update = LMOUpdate(blocks if blocks is not None else
-                               [Block(str(i), Euclidean()) for i in range(len(list(params)))])
+                               [Block(str(i), Euclidean()) for i in range(len(params))])
     return cls(params, workers, comm, update, compressor, seed=seed, **hparams)
