@@ -7,26 +7,23 @@ Writes metrics.jsonl and summary.json into hydra's run directory (``hydra.run.di
 """
 from __future__ import annotations
 
-import time
-import traceback
 from pathlib import Path
 
 import hydra
-import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from gluon import simulate, train
+from gluon import simulate
 
-from .common import method_hparams, validate
+from .common import method_hparams
 from .datasets import REPO, libsvm_file
 from .logreg_task import LogRegOracle, cached_f_star, load_libsvm, objective, split
-from .runlog import RunLog, read_summary
+from .runner import execute
 
 
 def build(cfg: DictConfig, compressor):
-    """The simulated method and the evaluation closure for a5a."""
+    """The simulated method, the evaluation closure and what the summary records for a5a."""
     A, b = load_libsvm(libsvm_file(cfg.task.dataset, cfg.data_dir))
     shards = split(len(b), cfg.n_workers, cfg.task.split_seed, b, cfg.task.heterogeneity)
     used = torch.cat(shards)
@@ -44,40 +41,17 @@ def build(cfg: DictConfig, compressor):
         loss = f(m.params[0].double().numpy())
         return {"loss": loss, "gap": loss - fstar["f_star"]}
 
-    return method, evaluate, fstar
+    return method, evaluate, {"f_star": fstar["f_star"], "f_star_info": fstar}
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    compressor = validate(cfg)            # bad input fails here, before any compute
-    torch.set_num_threads(cfg.threads)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    log = RunLog(run_dir, config, wandb_cfg=config["wandb"], figure=cfg.experiment)
-    if log.should_skip(cfg.overwrite):
-        print(f"[skip] {run_dir}: already finished with this config")
-        return read_summary(run_dir)
-    method, evaluate, fstar = build(cfg, compressor)
-    log.start()
-    t0 = time.perf_counter()
-    try:
-        status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=evaluate,
-                       on_log=log.log)
-    except Exception:
-        log.finish("failed", error=traceback.format_exc(), f_star=fstar["f_star"])
-        raise
-    last = evaluate(method) if status == "ok" else {"loss": float("nan"), "gap": float("nan")}
-    summary = log.finish(status, f_star=fstar["f_star"], f_star_info=fstar, steps_done=method.k,
-                         final_loss=last["loss"], final_gap=last["gap"],
-                         comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
-                         train_time=time.perf_counter() - t0, dim=method.dim)
-    print(f"[{status}] {run_dir}: gap {summary['final_gap']:.3e} after {method.k} steps, "
-          f"comm {summary['comm']:.1f}, {summary['train_time']:.1f} s")
-    return summary
+    return execute(cfg, run_dir, build)
 
 
 @hydra.main(config_path="../configs", config_name="logreg", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     summary = run(cfg, HydraConfig.get().runtime.output_dir)
-    return summary.get("final_gap", float("nan"))
+    return summary.get("final", {}).get("gap", float("nan"))
 
 
 if __name__ == "__main__":

@@ -103,7 +103,10 @@ class RunLog:
             wandb.define_metric(x)
         wandb.define_metric("*", step_metric="comm")
 
+    last_row: dict | None = None
+
     def log(self, row: dict) -> None:
+        self.last_row = row
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         if self._wandb is not None:
