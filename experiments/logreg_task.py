@@ -68,7 +68,9 @@ class LogRegOracle(Oracle):
         return None  # marker: the whole shard
 
     def _rows(self, idx):
-        return (self.A, self.b) if idx is None else (self.A[idx], self.b[idx])
+        if idx is None:
+            return self.A, self.b
+        return self.A.index_select(0, idx), self.b.index_select(0, idx)
 
     def grad(self, params, idx):
         (x,) = params
@@ -78,11 +80,13 @@ class LogRegOracle(Oracle):
         return [A.T @ r / len(b) + self.l2 * x]
 
     def grad_diff(self, params, prev, idx):
+        # Both gradients share A and b: one matmul for the two points, and the difference
+        # taken before the second matmul (A^T r - A^T r' = A^T (r - r')).
         A, b = self._rows(idx)
-        X = torch.stack([params[0], prev[0]], 1)            # one matmul for both points
-        R = -b[:, None] * torch.sigmoid(-b[:, None] * (A @ X))
-        G = A.T @ R / len(b) + self.l2 * X
-        return [G[:, 0] - G[:, 1]]
+        x, xp = params[0], prev[0]
+        s = torch.sigmoid((A @ torch.stack([x, xp], 1)) * -b[:, None])
+        r = b * (s[:, 1] - s[:, 0])
+        return [A.T @ r / len(b) + self.l2 * (x - xp)]
 
     def loss(self, params, idx=None):
         (x,) = params

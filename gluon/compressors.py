@@ -197,6 +197,8 @@ class RandK(_Sparse):
         return numel / self.k(numel) - 1.0
 
     def _indices(self, p):
+        if "indices" in p.meta:  # the sender kept them; a receiver regenerates them
+            return p.meta["indices"]
         return random_subset(math.prod(p.shape), p.meta["k"], p.seed, p.wire["values"].device)
 
     def compress(self, x, seed):
@@ -204,7 +206,7 @@ class RandK(_Sparse):
         k = self.k(numel)
         idx = random_subset(numel, k, seed, x.device)
         vals = x.reshape(-1)[idx] * (numel / k)
-        return Packet({"values": vals}, x.shape, seed=seed, meta={"k": k})
+        return Packet({"values": vals}, x.shape, seed=seed, meta={"k": k, "indices": idx})
 
     def wire_bytes(self, numel):
         return 4 * self.k(numel)

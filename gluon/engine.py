@@ -39,8 +39,10 @@ def is_finite(params: Sequence[Tensor]) -> bool:
 
 def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Method], dict],
           on_log: Callable[[dict], None] = lambda row: None,
-          on_step: Callable[[Method], None] = lambda m: None) -> str:
-    """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``).
+          on_step: Callable[[Method], None] = lambda m: None,
+          max_comm: float | None = None) -> str:
+    """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``), or until
+    its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget).
 
     Logs a row {step, comm, bytes, **evaluate(method)} at step 0, every ``log_every`` steps and
     at the end. Returns "ok", or "diverged" as soon as parameters or a logged value stop being
@@ -58,9 +60,12 @@ def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Met
 
     if method.k == 0 and not log():
         return "diverged"
-    while method.k < steps:
+    def done():
+        return method.k >= steps or (max_comm is not None and method.comm.ledger.cost >= max_comm)
+
+    while not done():
         method.step()
-        if method.k % log_every == 0 or method.k == steps:
+        if method.k % log_every == 0 or done():
             if not log():
                 return "diverged"
         on_step(method)

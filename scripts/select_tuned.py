@@ -1,0 +1,81 @@
+"""Pick each method's best setting from a tuning sweep and write it as a hydra config.
+
+    python -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
+
+Criterion (stated in every file written): the mean over seeds of the average of log10(metric)
+over the communication range [0, budget], i.e. the area under the log curve against uplink
+cost. It rewards fast early progress and a low final level alike; a diverged run, or one
+that stops before the budget, scores +inf. One config per method name is written to ``--out``
+(``tuned=<out's last folder>/<method>`` on the command line selects it), plus a CSV with the
+score of every candidate.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from experiments.analysis import group_runs, load_runs, log_area, write_csv
+
+CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of uplink cost "
+             "in [0, {budget:g}] (area under the log curve)")
+
+
+def select(runs, metric: str, budget: float):
+    """{method name: (score, config, runs)} of the best group per method, and all scores."""
+    best, table = {}, []
+    for _, group in group_runs(runs).items():
+        cfg = group[0].config
+        name = cfg["method"]["name"]
+        score = log_area(group, metric, budget)
+        table.append({"method": name, "score": score, "seeds": len(group),
+                      "compressor": cfg["compressor"]["name"],
+                      **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
+                      **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})
+        if name not in best or score < best[name][0]:
+            best[name] = (score, cfg, group)
+    table.sort(key=lambda r: (r["method"], r["score"]))
+    return best, table
+
+
+def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
+    body = OmegaConf.to_yaml(OmegaConf.create({"method": cfg["method"],
+                                               "compressor": cfg["compressor"]}))
+    return (f"# @package _global_\n# Written by scripts/select_tuned.py from {source}.\n"
+            f"# Criterion: {criterion}; score {score:.4f} (lower is better).\n"
+            f"defaults:\n  - override /method: {cfg['method']['name']}\n"
+            f"  - override /compressor: {cfg['compressor']['name']}\n\n{body}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", required=True, help="folder with the tuning runs")
+    ap.add_argument("--out", required=True, help="folder for the tuned configs")
+    ap.add_argument("--metric", default="gap")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="uplink budget; default: the runs' max_comm")
+    ap.add_argument("--table", default=None, help="CSV of every candidate's score")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.sweep)
+    if not runs:
+        raise SystemExit(f"no finished runs under {args.sweep}: run the tuning sweep first")
+    budget = args.budget or runs[0].config.get("max_comm")
+    if not budget:
+        raise SystemExit("no --budget given and the runs have no max_comm")
+    criterion = CRITERION.format(metric=args.metric, budget=budget)
+    best, table = select(runs, args.metric, budget)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (score, cfg, group) in sorted(best.items()):
+        if math.isinf(score):
+            print(f"warning: every {name} candidate diverged or fell short of the budget")
+        (out / f"{name}.yaml").write_text(tuned_yaml(cfg, score, criterion, args.sweep))
+        print(f"{name:18s} score {score:8.4f}  method {cfg['method']}  compressor {cfg['compressor']}")
+    if args.table:
+        write_csv(table, Path(args.table))
+
+
+if __name__ == "__main__":
+    main()
