@@ -6,6 +6,7 @@ autograd; tasks with closed-form gradients (logistic regression) subclass :class
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Sequence
 
 import torch
@@ -91,9 +92,13 @@ class Worker:
     def sample(self, batches: int = 1):
         return self.oracle.sample(self.gen, batches)
 
+    # Both directions copy ``state`` (fix found by tests/test_methods.py): returning or adopting
+    # the live dict let a checkpoint change as the run went on (methods reassign its entries,
+    # e.g. the error memory "e", every step) and made two methods loaded from one checkpoint
+    # share their workers' state. Method.state_dict clones everything else already.
     def state_dict(self):
-        return {"gen": self.gen.get_state(), "state": self.state}
+        return {"gen": self.gen.get_state(), "state": copy.deepcopy(self.state)}
 
     def load_state_dict(self, s):
         self.gen.set_state(s["gen"])
-        self.state = s["state"]
+        self.state = copy.deepcopy(s["state"])
