@@ -16,6 +16,7 @@ numbers regenerates RandK's indices without any of them being sent.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -340,12 +341,13 @@ def make_compressor(name: str, **kwargs) -> Compressor:
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}")
     cls = COMPRESSORS[name]
-    import inspect
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    if cls.__init__ is object.__init__:
-        accepted = set()
-    unknown = set(kwargs) - accepted
+    params = {} if cls.__init__ is object.__init__ else \
+        {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    unknown = set(kwargs) - set(params)
     if unknown:
-        raise ValueError(f"compressor {name!r} takes {sorted(accepted) or 'no options'}, "
+        raise ValueError(f"compressor {name!r} takes {sorted(params) or 'no options'}, "
                          f"got {sorted(unknown)}")
+    missing = [k for k, p in params.items() if p.default is p.empty and k not in kwargs]
+    if missing:
+        raise ValueError(f"compressor {name!r} needs {missing} (e.g. {name}.density in (0, 1])")
     return cls(**kwargs)

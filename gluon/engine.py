@@ -45,8 +45,9 @@ def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Met
     its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget).
 
     Logs a row {step, comm, bytes, **evaluate(method)} at step 0, every ``log_every`` steps and
-    at the end. Returns "ok", or "diverged" as soon as parameters or a logged value stop being
-    finite (the run is then recorded, not crashed).
+    at the end. Returns "ok", or "diverged" at the first logged row whose parameters or values
+    are not finite (checked at logging steps only, so the check costs nothing in between; the
+    run is then recorded, not crashed).
     """
     def log() -> bool:
         row = {"step": method.k, "comm": method.comm.ledger.cost,

@@ -1,0 +1,123 @@
+"""Appendix G's ablation figures (Figs. 3-7) from their sweeps.
+
+    python -m scripts.ablation aggregate fig3   # results/sweeps/... -> results/fig3/curves.csv
+    python -m scripts.ablation plot fig3        # results/fig3/curves.csv -> figures/fig3.{png,pdf}
+
+Figs. 5 and 7 are drawn from the tuning sweeps of Fig. 2 (Alg. 1's and VR-MARINA's learning
+rate / momentum grids, seed 100), as in the paper where the baselines are "tuned in Fig. 7".
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from experiments.analysis import curves, flatten, group_runs, load_runs, read_csv, write_csv
+
+# For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
+# the x axes and an optional overlay (another sweep drawn dashed for comparison).
+FIGS = {
+    "fig3": {"sweeps": [("results/sweeps/fig3", "alg1")], "panel": None,
+             "lines": ["method.q", "compressor.density"], "x": ["step", "comm"],
+             "title": "Alg. 1: sync probability q and RandK density (B = 4)"},
+    "fig4": {"sweeps": [("results/sweeps/fig4", "alg1")], "panel": "compressor.density",
+             "lines": ["method.B"], "x": ["comm"],
+             "title": "Alg. 1: large batch B at each RandK density (q = 0.1)"},
+    "fig5": {"sweeps": [("results/sweeps/tune_fig2/alg1", "alg1")],
+             "panel": ["method.q", "method.B"], "lines": ["method.beta", "method.lr"],
+             "x": ["comm"], "title": "Alg. 1: learning rate and momentum (RandK 1%)"},
+    "fig6": {"sweeps": [("results/sweeps/fig6", "alg2"), ("results/sweeps/fig4", "alg1")],
+             "panel": "compressor.density", "lines": ["method.name", "method.B"],
+             "x": ["comm"], "title": "Alg. 2 with TopK (solid) against Alg. 1 with RandK (dashed)"},
+    "fig7": {"sweeps": [("results/sweeps/tune_fig2/vr_marina", "vr_marina")],
+             "panel": ["method.q"], "lines": ["method.beta", "method.lr"], "x": ["comm"],
+             "title": "VR-MARINA with momentum: tuning (RandK 1%)"},
+}
+SHORT = {"method.q": "q", "compressor.density": "density", "method.B": "B", "method.beta": "beta",
+         "method.lr": "lr", "method.name": ""}
+
+
+def _keys(k):
+    return [] if k is None else [k] if isinstance(k, str) else list(k)
+
+
+def _label(flat: dict, keys) -> str:
+    return ", ".join(f"{SHORT.get(k, k)}={flat[k]}".lstrip("=") for k in keys)
+
+
+def aggregate(fig: str) -> Path:
+    spec = FIGS[fig]
+    runs = []
+    for folder, method in spec["sweeps"]:
+        runs += [r for r in load_runs(folder) if r.config["method"]["name"] == method]
+    if not runs:
+        raise SystemExit(f"no finished runs for {fig}; run `make {fig}`")
+    rows = []
+    for x in spec["x"]:
+        budget = min(max(row[x] for row in r.rows) for r in runs) if x == "step" else \
+            min(r.config.get("max_comm") or r.rows[-1]["comm"] for r in runs)
+        for group in group_runs(runs).values():
+            flat = flatten(group[0].config)
+            panel = _label(flat, _keys(spec["panel"])) or "all"
+            label = _label(flat, spec["lines"])
+            for row in curves({label: group}, "gap", budget, points=200, x=x):
+                rows.append({"panel": panel, "xaxis": x, "x": row[x], "label": label,
+                             "mean": row["mean"], "min": row["min"], "max": row["max"],
+                             "seeds": row["seeds"]})
+    out = Path("results") / fig / "curves.csv"
+    write_csv(rows, out)
+    print(f"wrote {out} ({len(rows)} rows)")
+    return out
+
+
+def plot(fig: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = FIGS[fig]
+    path = Path("results") / fig / "curves.csv"
+    if not path.exists():
+        raise SystemExit(f"{path} missing: run `make {fig}`")
+    rows = read_csv(path)
+    panels = sorted({(r["xaxis"], r["panel"]) for r in rows},
+                    key=lambda p: (spec["x"].index(p[0]), p[1]))
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig_, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.6 * nrows), squeeze=False)
+    for ax, (xaxis, panel) in zip(axes.flat, panels):
+        sel = [r for r in rows if r["xaxis"] == xaxis and r["panel"] == panel]
+        for label in sorted({r["label"] for r in sel}):
+            rs = [r for r in sel if r["label"] == label]
+            ls = "--" if label.startswith("alg1") and fig == "fig6" else "-"
+            (line,) = ax.plot([r["x"] for r in rs], [r["mean"] for r in rs], ls, lw=1.2,
+                              label=label)
+            ax.fill_between([r["x"] for r in rs], [r["min"] for r in rs], [r["max"] for r in rs],
+                            color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_yscale("log")
+        ax.set_title(panel if panel != "all" else "", fontsize=9)
+        ax.set_xlabel("iterations" if xaxis == "step" else "uplink communication per worker")
+        ax.set_ylabel(r"$f(x) - f^*$")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig_.suptitle(f"{fig}: {spec['title']} (a5a, mean and min-max over seeds)", fontsize=10)
+    fig_.tight_layout()
+    out = Path("figures")
+    out.mkdir(exist_ok=True)
+    for ext in ("png", "pdf"):
+        fig_.savefig(out / f"{fig}.{ext}", dpi=130)
+    print(f"wrote figures/{fig}.png")
+    return out / f"{fig}.png"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cmd", choices=["aggregate", "plot"])
+    ap.add_argument("figure", choices=sorted(FIGS))
+    args = ap.parse_args(argv)
+    (aggregate if args.cmd == "aggregate" else plot)(args.figure)
+
+
+if __name__ == "__main__":
+    main()
