@@ -37,6 +37,10 @@ class Message:
     values: list[Tensor]  # what every receiver reconstructs (the sender knows it too: EF needs it)
     cost: float           # normalised cost (fraction of one dense model-sized vector)
     nbytes: int           # wire bytes
+    # Coordinates of the message, so that a receiver can rebuild message_seed(run_seed, worker,
+    # step, block) for any worker (RandK's indices are never sent). Not sent: shared by all.
+    run_seed: int | None = None
+    step: int | None = None
 
 
 def encode(compressor: Compressor, blocks: Sequence[Tensor], *, run_seed: int, worker: int,
@@ -50,7 +54,7 @@ def encode(compressor: Compressor, blocks: Sequence[Tensor], *, run_seed: int, w
         values.append(compressor.decompress(p))
         cost += compressor.cost(x.numel()) * x.numel() / dim
         nbytes += compressor.wire_bytes(x.numel())
-    return Message(worker, compressor, packets, values, cost, nbytes)
+    return Message(worker, compressor, packets, values, cost, nbytes, run_seed=run_seed, step=step)
 
 
 @dataclass
