@@ -11,7 +11,6 @@ from pathlib import Path
 
 import hydra
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from gluon import simulate
@@ -19,7 +18,7 @@ from gluon import simulate
 from .common import method_hparams
 from .datasets import REPO, libsvm_file
 from .logreg_task import LogRegOracle, cached_f_star, load_libsvm, objective, split
-from .runner import execute
+from .runner import execute, run_hydra_job
 
 
 def build(cfg: DictConfig, compressor):
@@ -50,8 +49,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
 
 @hydra.main(config_path="../configs", config_name="logreg", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    summary = run(cfg, HydraConfig.get().runtime.output_dir)
-    return summary.get("final", {}).get("gap", float("nan"))
+    summary = run_hydra_job(cfg, build) or {}
+    return (summary.get("final") or {}).get("gap", float("nan"))
 
 
 if __name__ == "__main__":

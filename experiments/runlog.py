@@ -3,7 +3,13 @@
 Everything needed to trust a number later is written with it: the resolved config, the seed,
 the git commit (and whether the tree was dirty), the wall time and the status (ok, diverged,
 failed). A finished run directory is skipped when the same config is run again, and replaced
-when the config differs or ``overwrite`` is set; rows are never appended to an old file.
+when the config differs or ``overwrite`` is set; rows are never appended to an old file, except
+when a preempted run resumes from its checkpoint (``start(resume_rows=N)`` keeps exactly the N
+rows written before the checkpoint).
+
+"The same config" ignores the keys in :data:`OPERATIONAL` (how a run is executed, not what it
+computes): switching W&B on, changing the checkpoint interval or the data directory does not
+re-run finished work.
 """
 from __future__ import annotations
 
@@ -20,6 +26,16 @@ from typing import Any
 from .datasets import REPO
 
 FINISHED = ("ok", "diverged")
+# Top-level config keys that do not change a run's numbers (compared configs leave them out).
+OPERATIONAL = ("overwrite", "wandb", "data_dir", "checkpoint_every", "keep_checkpoint",
+               "experiment")
+
+
+def comparable(config: dict | None) -> dict | None:
+    """The part of a resolved config that decides a run's results."""
+    if config is None:
+        return None
+    return {k: v for k, v in config.items() if k not in OPERATIONAL}
 
 
 def git_commit() -> dict:
@@ -44,7 +60,7 @@ def is_finished(run_dir: Path, config: dict | None = None) -> bool:
     s = read_summary(run_dir)
     if not s or s.get("status") not in FINISHED:
         return False
-    return config is None or s.get("config") == config
+    return config is None or comparable(s.get("config")) == comparable(config)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -69,51 +85,84 @@ class RunLog:
     def should_skip(self, overwrite: bool = False) -> bool:
         return not overwrite and is_finished(self.dir, self.config)
 
-    def start(self, *, resume_rows: int | None = None) -> None:
-        """Open metrics.jsonl fresh (or truncated to ``resume_rows`` rows when resuming)."""
+    def start(self, *, resume_rows: int | None = None, wandb_id: str | None = None) -> None:
+        """Open metrics.jsonl fresh, or truncated to its first ``resume_rows`` rows when resuming
+        from a checkpoint (rows logged after the checkpoint are dropped: they will be logged
+        again). ``wandb_id`` continues that W&B run; a fresh start gets a new id."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "metrics.jsonl"
+        (self.dir / "summary.json").unlink(missing_ok=True)
         if resume_rows is None:
-            for stale in ("metrics.jsonl", "summary.json"):
-                (self.dir / stale).unlink(missing_ok=True)
             self._fh = open(path, "w")
+            self.rows, self.last_row = 0, None
         else:
-            rows = read_metrics(self.dir)[:resume_rows]
-            with open(path, "w") as fh:
-                fh.writelines(json.dumps(r) + "\n" for r in rows)
+            # only the first rows are parsed: a line cut by SIGKILL after them does not matter
+            with open(path) as fh:
+                lines = [line for line, _ in zip(fh, range(resume_rows))]
+            rows = [json.loads(line) for line in lines]     # the exact bytes are kept
+            if len(rows) != resume_rows or (lines and not lines[-1].endswith("\n")):
+                raise RuntimeError(f"{path} has {len(rows)} complete rows, the checkpoint "
+                                   f"expects {resume_rows}: cannot resume")
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "w") as fh:
+                fh.writelines(lines)
+            os.replace(tmp, path)
             self._fh = open(path, "a")
+            self.rows, self.last_row = len(rows), (rows[-1] if rows else None)
         (self.dir / "config.json").write_text(json.dumps(self.config, indent=2))
-        self._start_wandb()
+        self.wandb_id = wandb_id or _new_wandb_id(self.dir)
+        self._start_wandb(resumed=resume_rows is not None)
 
-    def _start_wandb(self):
+    def _start_wandb(self, resumed: bool = False):
         if not self.wandb_cfg.get("enabled"):
             return
         import wandb  # imported lazily: optional
         c = self.config
+        method = (c.get("method") or {}).get("name")
+        compressor = (c.get("compressor") or {}).get("name")
+        task = (c.get("task") or {}).get("name")
+        tags = list(self.wandb_cfg.get("tags") or [])
+        tags += [t for t in (self.figure, method, compressor, task) if t and t not in tags]
+        settings = {"silent": True, "console": "off", "x_disable_stats": True,
+                    **(self.wandb_cfg.get("settings") or {})}
         self._wandb = wandb.init(
             project=self.wandb_cfg.get("project", "gluon-fl"), entity=self.wandb_cfg.get("entity"),
             mode=self.wandb_cfg.get("mode", "offline"), dir=str(self.dir),
-            group=self.wandb_cfg.get("group") or c.get("experiment") or c.get("task", {}).get("name"),
-            job_type=c.get("method", {}).get("name"),
-            name=self.dir.name, tags=list(self.wandb_cfg.get("tags") or [])
-            + ([self.figure] if self.figure else []),
-            config=c, reinit=True, id=_wandb_id(self.dir), resume="allow")
-        # Charts against communication: both cost axes are step metrics.
-        for x in ("comm", "bytes", "step"):
-            wandb.define_metric(x)
-        wandb.define_metric("*", step_metric="comm")
+            # grouped by experiment (figure), then by method (job_type): the UI's two levels
+            group=self.wandb_cfg.get("group") or self.figure or task,
+            job_type=method, name=_run_name(self.dir, method), tags=tags,
+            notes=str(self.dir), config=c, id=self.wandb_id, resume="allow",
+            reinit="finish_previous", settings=wandb.Settings(**settings))
+        run = self._wandb
+        # Communication is the x-axis of every figure: "comm" (normalised: one dense gradient
+        # = 1) is the step metric of every logged value; the "by_bytes/" copies of the same
+        # values use the wire bytes instead, so both charts exist without editing panels.
+        run.define_metric("comm")
+        run.define_metric("bytes")
+        run.define_metric("step")
+        run.define_metric("*", step_metric="comm")
+        run.define_metric("by_bytes/*", step_metric="bytes")
+        if resumed:
+            run.summary["resumed_at_row"] = self.rows
 
     last_row: dict | None = None
+    rows: int = 0
+    wandb_id: str | None = None
 
     def log(self, row: dict) -> None:
         self.last_row = row
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         if self._wandb is not None:
-            self._wandb.log(row)
+            extra = {f"by_bytes/{k}": v for k, v in row.items() if k not in AXES}
+            # W&B's step is the row index: monotonic across a resume, so rows logged again
+            # after a requeue (identical values) do not become a second curve.
+            self._wandb.log({**row, **extra}, step=self.rows)
+        self.rows += 1
 
     def finish(self, status: str, **extra: Any) -> dict:
-        self._fh.close()
+        if getattr(self, "_fh", None) is not None:
+            self._fh.close()
         summary = {"status": status, **extra, "seed": self.config.get("seed"),
                    **git_commit(), "wall_time": time.time() - self._t0,
                    "host": socket.gethostname(), "python": platform.python_version(),
@@ -123,10 +172,35 @@ class RunLog:
         os.replace(tmp, self.dir / "summary.json")
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in summary.items() if k != "config"})
-            self._wandb.finish()
+            self._wandb.finish(exit_code=0 if status in FINISHED else 1)
+            self._wandb = None
         return summary
 
+    def abort(self) -> None:
+        """Stop writing without a summary (preempted: the run resumes from its checkpoint)."""
+        if getattr(self, "_fh", None) is not None and not self._fh.closed:
+            self._fh.close()
+        if self._wandb is not None:
+            try:
+                self._wandb.mark_preempting()
+                self._wandb.finish(exit_code=1)
+            except Exception:  # noqa: BLE001 (never mask the signal being handled)
+                pass
+            self._wandb = None
 
-def _wandb_id(run_dir: Path) -> str:
+
+AXES = ("step", "comm", "bytes")
+
+
+def _run_name(run_dir: Path, method: str | None) -> str:
+    name = Path(run_dir).name
+    return name if not method or name.startswith(method) or method in name else f"{method}:{name}"
+
+
+def _new_wandb_id(run_dir: Path) -> str:
+    """A new W&B run id per fresh start (a re-run after overwrite is a new W&B run); the
+    checkpoint stores it, so a resumed run continues the same W&B run."""
     import hashlib
-    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    import uuid
+    return (hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:8]
+            + uuid.uuid4().hex[:8])

@@ -1,0 +1,141 @@
+"""Checkpoints of a run and the signals that ask it to stop (preemption, SLURM time limit).
+
+A checkpoint is ``<run_dir>/checkpoint.pt``: the method's state (parameters, X^{k-1}, g, M, the
+coin, every worker's data RNG and error memory, the uplink ledger), an optional task state
+(e.g. BatchNorm buffers), the global RNG states, the number of metric rows written and the
+W&B run id. It is written at a step boundary only, atomically (a temporary file, fsync, then
+``os.replace``), so a run killed at any moment - SIGKILL included - leaves either the previous
+checkpoint or the new one, never half of one.
+
+Signals (SIGTERM, SIGUSR1, SIGUSR2 - submitit's preemption and time-limit signal) never
+interrupt a step: :class:`SignalGuard` only records them; the runner checks between steps,
+writes a checkpoint, then does what the process would have done without it
+(:meth:`SignalGuard.forward`): exit for a plain process, or hand over to submitit's own handler,
+which resubmits the same job (``launcher.checkpoint()``) and requeues it; the new job finds the
+checkpoint and resumes.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINT = "checkpoint.pt"
+FORMAT = 1
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2")
+                if hasattr(signal, name))
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def job_key() -> str | None:
+    """Identifies the scheduler job across its requeues (SLURM keeps the id), else None."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}"
+    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return f"local:{env['SUBMITIT_LOCAL_JOB_ID']}"
+    return None
+
+
+def save(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        torch.save(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: str | Path) -> dict | None:
+    """The checkpoint at ``path``, or None when there is none or it cannot be read."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        payload = torch.load(path, weights_only=False)   # our own file: RNG states are pickled
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        print(f"[checkpoint] ignoring unreadable {path}: {e}", file=sys.stderr)
+        return None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        print(f"[checkpoint] ignoring {path}: unknown format", file=sys.stderr)
+        return None
+    return payload
+
+
+class SignalGuard:
+    """Defers SIGTERM/SIGUSR1/SIGUSR2 to the next step boundary (see the module docstring).
+
+    Only the main thread may install signal handlers; elsewhere the guard does nothing.
+    """
+
+    def __init__(self, signals=SIGNALS):
+        self.signals = signals
+        self.pending: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "SignalGuard":
+        self._install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._catch)
+
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _catch(self, signum, frame) -> None:  # noqa: ARG002
+        if self.pending is None:
+            self.pending = signum
+        print(f"[signal] {signal.Signals(signum).name}: checkpoint at the end of this step",
+              file=sys.stderr, flush=True)
+
+    def forward(self) -> None:
+        """Act on the pending signal as the process would have without the guard.
+
+        The previous handler runs (submitit: resubmit + requeue + exit, or just a log line for
+        the SIGTERM it "bypasses"); with the default action the process exits with status
+        128 + signum. If the previous handler returns, the guard is installed again.
+        """
+        signum, self.pending = self.pending, None
+        if signum is None:
+            return
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        self._restore()
+        if callable(previous):
+            previous(signum, None)
+        elif previous != signal.SIG_IGN:
+            raise SystemExit(128 + signum)
+        self._install()

@@ -1,0 +1,217 @@
+"""Runs that survive preemption: checkpoint, kill, resume, and get exactly the same run.
+
+The realistic tests start ``python -m experiments.logreg`` as a subprocess, kill it (SIGTERM:
+checkpoint at the next step boundary, then exit; SIGKILL: nothing saved beyond the last
+periodic checkpoint, rows written after it are dropped) once its first checkpoint exists, start
+it again, and compare with an uninterrupted run: metrics.jsonl byte for byte, and the final
+parameters, momentum and estimator bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments import runner
+from experiments.checkpoint import CHECKPOINT, SignalGuard
+from experiments.common import validate
+from experiments.logreg import build
+from experiments.runlog import read_summary
+from experiments.runner import execute
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
+       "HYDRA_FULL_ERROR": "1"}
+COMMON = ["steps=600", "log_every=10", "checkpoint_every=100", "keep_checkpoint=true"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results_dir whose f* cache is filled before any run starts (copied from the repo's
+    cache when it has the entry, else computed once), so that concurrent runs do not each
+    solve for f*."""
+    out = tmp_path_factory.mktemp("results")
+    (out / "cache").mkdir()
+    for f in (REPO / "results" / "cache").glob("fstar-*.json"):
+        shutil.copy(f, out / "cache" / f.name)
+    cfg = config(f"results_dir={out}")
+    build(cfg, validate(cfg))
+    return out
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("logreg", overrides=list(overrides))
+
+
+def final_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / CHECKPOINT, weights_only=False)["method"]
+
+
+def assert_same_run(a: Path, b: Path):
+    assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+    sa, sb = read_summary(a), read_summary(b)
+    assert sa["status"] == sb["status"] == "ok"
+    assert sa["final"] == sb["final"] and sa["comm"] == sb["comm"]
+    ma, mb = final_state(a), final_state(b)
+    assert ma["k"] == mb["k"]
+    for key in ("params", "prev", "g", "M"):
+        for x, y in zip(ma[key], mb[key]):
+            assert torch.equal(x, y), key
+    for wa, wb in zip(ma["workers"], mb["workers"]):
+        assert torch.equal(wa["gen"], wb["gen"])
+        for key in wa["state"]:
+            assert all(torch.equal(x, y) for x, y in zip(wa["state"][key] or [],
+                                                         wb["state"][key] or []))
+    assert ma["comm"] == mb["comm"]
+
+
+def rows(run_dir: Path) -> int:
+    try:
+        return (run_dir / "metrics.jsonl").read_text().count("\n")
+    except OSError:
+        return 0
+
+
+def _start(run_dir: Path, overrides):
+    cmd = [sys.executable, "-m", "experiments.logreg", *overrides, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _interrupt(proc, run_dir: Path, sig, timeout=90.0):
+    """Wait for the first checkpoint (and, for SIGKILL, rows logged after it), then signal."""
+    t0 = time.time()
+    while not (run_dir / CHECKPOINT).exists():
+        assert proc.poll() is None, f"run ended before its first checkpoint:\n{proc.stdout.read()}"
+        assert time.time() - t0 < timeout, "no checkpoint appeared"
+        time.sleep(0.01)
+    if sig == signal.SIGKILL:
+        first = rows(run_dir)
+        while rows(run_dir) < first + 2 and proc.poll() is None:
+            time.sleep(0.005)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("algorithm,sig", [
+    (["method=alg2", "compressor=topk"], signal.SIGTERM),
+    (["method=alg1", "compressor=randk"], signal.SIGKILL),
+], ids=["alg2-topk-SIGTERM", "alg1-randk-SIGKILL"])
+def test_killed_run_resumes_bit_identically(tmp_path, results, algorithm, sig):
+    overrides = [*algorithm, *COMMON, f"results_dir={results}"]
+    ref = tmp_path / "ref"
+    run_dir = tmp_path / "interrupted"
+    proc = _start(run_dir, overrides)                 # the interrupted run starts first ...
+    execute(config(*overrides), ref, build)           # ... while the reference runs here
+    code, out = _interrupt(proc, run_dir, sig)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), out
+    assert read_summary(run_dir) is None              # not finished: no summary
+    k = torch.load(run_dir / CHECKPOINT, weights_only=False)["method"]["k"]
+    assert 0 < k < 600
+
+    done = subprocess.run([sys.executable, "-m", "experiments.logreg", *overrides,
+                           f"hydra.run.dir={run_dir}"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"[resume] {run_dir}: from step {k} " in done.stdout
+    assert_same_run(ref, run_dir)
+    assert read_summary(run_dir)["resumed"] is True
+
+
+def _interrupt_at(monkeypatch, step):
+    """Make train() raise KeyboardInterrupt right after ``step`` (an in-process kill)."""
+    real = runner.train
+
+    def train(method, steps, **kw):
+        inner = kw["on_step"]
+
+        def on_step(m):
+            inner(m)
+            if m.k == step:
+                raise KeyboardInterrupt
+        return real(method, steps, **{**kw, "on_step": on_step})
+    monkeypatch.setattr(runner, "train", train)
+    return real
+
+
+def test_in_process_interrupt_resume_and_config_change(tmp_path, results, monkeypatch, capsys):
+    overrides = ["method=alg1", "steps=400", "log_every=10", "checkpoint_every=100",
+                 "keep_checkpoint=true", f"results_dir={results}"]
+    execute(config(*overrides), tmp_path / "ref", build)
+    real = _interrupt_at(monkeypatch, 250)           # after the checkpoint at 200
+    with pytest.raises(KeyboardInterrupt):
+        execute(config(*overrides), tmp_path / "run", build)
+    assert read_summary(tmp_path / "run") is None and rows(tmp_path / "run") == 26
+    monkeypatch.setattr(runner, "train", real)
+    execute(config(*overrides), tmp_path / "run", build)
+    assert "[resume]" in capsys.readouterr().out
+    assert_same_run(tmp_path / "ref", tmp_path / "run")
+    # a finished run is skipped, whatever the checkpoint interval
+    execute(config(*overrides[:-3], "checkpoint_every=7", f"results_dir={results}"),
+            tmp_path / "run", build)
+    assert "[skip]" in capsys.readouterr().out
+
+    # a checkpoint written with another config is not used
+    _interrupt_at(monkeypatch, 250)
+    with pytest.raises(KeyboardInterrupt):
+        execute(config(*overrides), tmp_path / "other", build)
+    monkeypatch.setattr(runner, "train", real)
+    execute(config(*overrides, "method.lr=0.02"), tmp_path / "other", build)
+    out = capsys.readouterr().out
+    assert "[resume]" not in out and "starting over" in out
+    assert json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 400
+
+
+def test_failed_run_is_recorded_and_rerun_from_scratch(tmp_path, results):
+    overrides = ["method=alg1", "steps=300", "log_every=10", "checkpoint_every=100",
+                 f"results_dir={results}"]
+
+    def broken(cfg, compressor):
+        method, evaluate, extra = build(cfg, compressor)
+
+        def bad(m):
+            if m.k >= 150:
+                raise RuntimeError("boom")
+            return evaluate(m)
+        return method, bad, extra
+
+    with pytest.raises(RuntimeError, match="boom"):
+        execute(config(*overrides), tmp_path, broken)
+    s = read_summary(tmp_path)
+    assert s["status"] == "failed" and "boom" in s["error"]
+    assert not (tmp_path / CHECKPOINT).exists()      # a failure starts over
+    summary = execute(config(*overrides), tmp_path, build)
+    assert summary["status"] == "ok" and summary["resumed"] is False
+
+
+def test_signal_guard_defers_and_forwards(monkeypatch):
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: calls.append(s))
+    try:
+        with SignalGuard() as guard:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert guard.pending == signal.SIGUSR1 and calls == []   # deferred
+            guard.forward()                                          # the old handler runs
+            assert calls == [signal.SIGUSR1] and guard.pending is None
+            os.kill(os.getpid(), signal.SIGUSR1)                     # guard installed again
+            assert guard.pending == signal.SIGUSR1
+            guard.pending = None
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with SignalGuard() as guard:                                 # default action: exit
+            os.kill(os.getpid(), signal.SIGUSR1)
+            with pytest.raises(SystemExit) as exit_:
+                guard.forward()
+            assert exit_.value.code == 128 + signal.SIGUSR1
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
