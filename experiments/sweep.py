@@ -1,0 +1,139 @@
+"""What a multirun did, reported at its end (a hydra callback, any launcher).
+
+Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.runner.
+run_hydra_job`); this callback lists, once every job has returned, each run of this sweep that
+is not finished - failed, interrupted (a checkpoint but no summary) or missing - and exits with
+status 1 so that the command (and ``make``) fails. Re-running the same command re-runs only
+those (finished runs are skipped). ``hydra.callbacks.sweep_report.fail=false`` only reports.
+
+Enabled in an experiment's primary config::
+
+    hydra:
+      callbacks:
+        sweep_report:
+          _target_: experiments.sweep.SweepReport
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from .checkpoint import CHECKPOINT
+from .runlog import FINISHED, read_summary
+
+
+
+def run_status(run_dir: Path) -> str:
+    s = read_summary(run_dir)
+    if s is not None:
+        return s.get("status", "unknown")
+    return "interrupted" if (run_dir / CHECKPOINT).exists() else "missing"
+
+
+def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:
+    """Every job directory under ``sweep_dir`` (hydra writes ``.hydra/overrides.yaml`` in each
+    job's directory when it starts it) touched since ``since``, with its status."""
+    runs = {}
+    for overrides in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml")):
+        run_dir = overrides.parent.parent
+        if since is not None and overrides.stat().st_mtime < since:
+            continue
+        runs[run_dir] = run_status(run_dir)
+    return runs
+
+
+class SweepReport(Callback):
+    def __init__(self, fail: bool = True) -> None:
+        self.fail = fail
+        self.t0: float | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.t0 = time.time() - 1.0   # file times can be coarser than time.time()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = sweep_runs(sweep_dir, self.t0)
+        counts = Counter(runs.values())
+        print(f"[sweep] {sweep_dir}: {len(runs)} runs: "
+              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), flush=True)
+        bad = {d: s for d, s in runs.items() if s not in FINISHED}
+        for d, s in bad.items():
+            print(f"[sweep]   {s}: {d}", flush=True)
+        if bad and self.fail:
+            # hydra turns a callback's exception into a warning: exit non-zero ourselves
+            print(f"[sweep] {len(bad)} of {len(runs)} runs did not finish; re-run the same "
+                  "command to re-run only those", file=sys.stderr, flush=True)
+            raise SystemExit(1)
+
+
+# ---------------------------------------------------------------- what a SLURM sweep submits
+
+def _split_sweep(overrides: list[str]) -> tuple[list[str], int]:
+    """(the overrides of the sweep's first job, the number of jobs) for a grid sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    first, n = [], 1
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            values = list(o.sweep_string_iterator())
+            n *= len(values)
+            first.append(f"{o.get_key_element()}={values[0]}")
+        else:
+            first.append(o.input_line)
+    return first, n
+
+
+def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = None,
+                  config_dir: str | Path | None = None) -> str:
+    """The sbatch script ``python -m experiments.<config_name> -m <overrides>`` would submit,
+    built exactly as hydra-submitit-launcher does, without a cluster (nothing is submitted)."""
+    from unittest import mock
+
+    import submitit
+    from hydra import compose, initialize_config_dir
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    from .datasets import REPO
+
+    config_dir = str(Path(config_dir or REPO / "configs").resolve())
+    first, size = _split_sweep(overrides)
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=config_name):
+        cfg = compose(config_name, overrides=first, return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    target = launcher.pop("_target_", "")
+    if not target.endswith("SlurmLauncher"):
+        raise ValueError(f"hydra.launcher is {target or 'not a submitit launcher'}; "
+                         "add launcher=slurm")
+    # hydra_plugins.hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.launch:
+    folder = launcher.pop("submitit_folder")
+    # SlurmExecutor refuses to exist where there is no srun; a preview submits nothing.
+    with mock.patch.object(submitit.SlurmExecutor, "affinity", return_value=1):
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm",
+                                         slurm_max_num_timeout=launcher.pop("max_num_timeout"))
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v
+                                  for k, v in launcher.items()})
+    slurm = executor._executor
+    slurm.parameters["map_count"] = n_jobs or size   # the sweep is one job array
+    return slurm._make_submission_file_text(slurm._submitit_command_str, "preview")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m experiments.sweep sbatch CONFIG [OVERRIDES...]: print the sbatch script."""
+    import sys
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] != "sbatch":
+        raise SystemExit("usage: python -m experiments.sweep sbatch CONFIG [OVERRIDES...]\n"
+                         "  e.g. python -m experiments.sweep sbatch logreg launcher=slurm "
+                         "seed=0,1,2")
+    print(sbatch_script(args[1], args[2:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Sweeps: the launcher config group, submitit locally, the sbatch script for SLURM, failures.
+
+No cluster is needed: the SLURM test builds the sbatch script exactly as
+hydra-submitit-launcher would (experiments.sweep.sbatch_script) and checks its #SBATCH lines.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from experiments.checkpoint import CHECKPOINT
+from experiments.runlog import read_metrics, read_summary
+from experiments.sweep import sbatch_script, sweep_runs
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
+       "HYDRA_FULL_ERROR": "1"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    (out / "cache").mkdir()
+    for f in (REPO / "results" / "cache").glob("fstar-*.json"):   # f* once, not per job
+        shutil.copy(f, out / "cache" / f.name)
+    return out
+
+
+def hydra_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("logreg", overrides=list(overrides), return_hydra_config=True)
+
+
+def sweep(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "experiments.logreg", "-m", *args], cwd=REPO,
+                          env={**ENV, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_launcher_group_defaults_and_choices(monkeypatch):
+    assert hydra_cfg().hydra.launcher._target_.endswith("BasicLauncher")   # the default
+    monkeypatch.setenv("GLUON_JOBS", "3")
+    local = hydra_cfg("launcher=local").hydra
+    assert local.launcher._target_.endswith("submitit_launcher.LocalLauncher")
+    assert local.sweeper.max_batch_size == 3                              # jobs at a time
+    assert hydra_cfg("launcher=local", "hydra.sweeper.max_batch_size=5").hydra.sweeper.max_batch_size == 5
+    gpu = hydra_cfg("launcher=slurm_gpu").hydra.launcher
+    assert gpu._target_.endswith("SlurmLauncher") and gpu.gpus_per_node == 1
+    # the launcher is not part of a run's identity: same run directory whatever launches it
+    assert "launcher" in OmegaConf.to_container(
+        hydra_cfg().hydra.job.config.override_dirname.exclude_keys)
+
+
+def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLUON_SLURM_PARTITION", "gpu-long")
+    monkeypatch.setenv("GLUON_SLURM_TIME", "300")
+    monkeypatch.setenv("GLUON_SLURM_GPUS", "1")
+    monkeypatch.setenv("GLUON_SLURM_CPUS", "6")
+    monkeypatch.setenv("GLUON_SLURM_MEM_GB", "24")
+    monkeypatch.setenv("GLUON_SLURM_ARRAY_PARALLELISM", "4")
+    monkeypatch.setenv("GLUON_SLURM_EXTRA", "{constraint: a100, mail-type: FAIL}")
+    script = sbatch_script("logreg", ["launcher=slurm", "seed=0,1,2", "method.B=1,4",
+                                      "hydra.launcher.account=proj42",        # command line
+                                      f"hydra.sweep.dir={tmp_path}"])
+    lines = set(script.splitlines())
+    for line in ("#SBATCH --partition=gpu-long", "#SBATCH --time=300",
+                 "#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=6",
+                 "#SBATCH --mem=24GB", "#SBATCH --array=0-5%4",   # 6 jobs, 4 at a time
+                 "#SBATCH --account=proj42", "#SBATCH --constraint=a100",
+                 "#SBATCH --mail-type=FAIL", "#SBATCH --signal=USR2@120",
+                 "source .venv/bin/activate"):
+        assert line in lines, f"{line!r} not in\n{script}"
+    assert "-m submitit.core._submit" in script and str(tmp_path / ".submitit") in script
+    # the command line wins over the environment
+    script = sbatch_script("logreg", ["launcher=slurm", "hydra.launcher.partition=debug",
+                                      f"hydra.sweep.dir={tmp_path}"])
+    assert "#SBATCH --partition=debug" in script and "#SBATCH --array=0-0%1" in script
+
+
+def test_slurm_defaults_need_no_environment(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("GLUON_SLURM_"):
+            monkeypatch.delenv(k)
+    script = sbatch_script("logreg", ["launcher=slurm", f"hydra.sweep.dir={tmp_path}"])
+    assert "--partition" not in script and "--gpus-per-node" not in script
+    assert "#SBATCH --time=240" in script and "#SBATCH --cpus-per-task=2" in script
+
+
+def test_local_submitit_sweep_runs_end_to_end(tmp_path, results):
+    out = sweep("launcher=local", "seed=0,1", "steps=100", "log_every=20",
+                f"results_dir={results}", f"hydra.sweep.dir={tmp_path}",
+                env={"GLUON_JOBS": "2"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = sweep_runs(tmp_path)
+    assert sorted(_param(d, tmp_path, "seed") for d in runs) == ["0", "1"]
+    assert list(runs.values()) == ["ok", "ok"]
+    for d in runs:
+        assert [r["step"] for r in read_metrics(d)] == [0, 20, 40, 60, 80, 100]
+        assert not (d / CHECKPOINT).exists()              # deleted once finished
+    assert len(list((tmp_path / ".submitit").glob("*/*_result.pkl"))) == 2   # two submitit jobs
+    assert "[sweep]" in out.stdout and "2 ok" in out.stdout
+
+
+def test_failed_run_does_not_stop_the_sweep_and_rerun_redoes_only_it(tmp_path, results):
+    args = ["method.lr=0.01,-1", "steps=60", "log_every=20", f"results_dir={results}",
+            f"hydra.sweep.dir={tmp_path}"]
+    first = sweep(*args)
+    assert first.returncode != 0                          # the sweep reports the failure ...
+    runs = {_param(d, tmp_path, "method.lr"): s for d, s in sweep_runs(tmp_path).items()}
+    assert runs == {"-1": "failed", "0.01": "ok"}                      # ... after every job
+    assert "1 failed, 1 ok" in first.stdout
+    again = sweep(*args)
+    assert again.returncode != 0
+    assert "[skip]" in again.stdout and again.stdout.count("[skip]") == 1   # only ok skipped
+    failed = next(d for d in sweep_runs(tmp_path) if _param(d, tmp_path, "method.lr") == "-1")
+    assert "lr must be > 0" in read_summary(failed)["error"]
+
+
+@pytest.mark.slow
+def test_local_submitit_preemption_requeues_and_resumes(tmp_path, results):
+    """USR2 (submitit's preemption/timeout signal) -> checkpoint -> requeue -> resume."""
+    args = ["launcher=local", "method=alg2", "compressor=topk", "steps=1500", "log_every=10",
+            "checkpoint_every=100", f"results_dir={results}"]
+    ref = sweep(*args, f"hydra.sweep.dir={tmp_path / 'ref'}", env={"GLUON_JOBS": "1"})
+    assert ref.returncode == 0, ref.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.logreg", "-m", *args,
+                             f"hydra.sweep.dir={tmp_path / 'pre'}"], cwd=REPO,
+                            env={**ENV, "GLUON_JOBS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    while not list((tmp_path / "pre").glob(f"**/{CHECKPOINT}")):
+        assert proc.poll() is None and time.time() - t0 < 120
+        time.sleep(0.02)
+    job = _job_pid(tmp_path / "pre" / ".submitit")
+    os.kill(job, signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    (run,) = sweep_runs(tmp_path / "pre")
+    (ref_run,) = sweep_runs(tmp_path / "ref")
+    logs = "".join(p.read_text() for p in (tmp_path / "pre" / ".submitit").glob("*/*_log.*"))
+    assert "Requeued job" in logs and "[resume]" in logs
+    assert (run / "metrics.jsonl").read_bytes() == (ref_run / "metrics.jsonl").read_bytes()
+
+
+def _param(run_dir: Path, sweep_dir: Path, key: str) -> str:
+    """A key's value in a job directory named by hydra's override_dirname."""
+    name = str(run_dir.relative_to(sweep_dir))
+    return next(kv.split("=", 1)[1] for kv in name.replace("/", ",").split(",")
+                if kv.startswith(key + "="))
+
+
+def _job_pid(folder: Path) -> int:
+    """The pid of the submitit task process running from ``folder`` (started by this test)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmd and any(str(folder).encode() in c for c in cmd):
+            return int(proc.name)
+    raise AssertionError("submitit job process not found")
