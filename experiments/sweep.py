@@ -88,6 +88,21 @@ def _split_sweep(overrides: list[str]) -> tuple[list[str], int]:
     return first, n
 
 
+def _grid_size(sweeper_params: dict, overrides: list[str]) -> int:
+    """Jobs in the grid of ``hydra.sweeper.params`` (e.g. from +experiment=fig3) combined with
+    the command line's sweeps, the command line winning for a key given in both."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parser = OverridesParser.create()
+    given = {o.get_key_element().lstrip("+~"): o for o in parser.parse_overrides(overrides)}
+    grid = {k: parser.parse_overrides([f"{k}={v}"])[0] for k, v in sweeper_params.items()}
+    grid.update(given)
+    n = 1
+    for o in grid.values():
+        if o.is_sweep_override():
+            n *= len(list(o.sweep_string_iterator()))
+    return n
+
+
 def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = None,
                   config_dir: str | Path | None = None) -> str:
     """The sbatch script ``python -m experiments.<config_name> -m <overrides>`` would submit,
@@ -102,9 +117,12 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from .datasets import REPO
 
     config_dir = str(Path(config_dir or REPO / "configs").resolve())
-    first, size = _split_sweep(overrides)
+    first, _ = _split_sweep(overrides)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=config_name):
         cfg = compose(config_name, overrides=first, return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+    size = _grid_size({k: str(v) for k, v in params.items()}, overrides)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     target = launcher.pop("_target_", "")
     if not target.endswith("SlurmLauncher"):

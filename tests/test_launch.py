@@ -86,6 +86,22 @@ def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
     assert "#SBATCH --partition=debug" in script and "#SBATCH --array=0-0%1" in script
 
 
+def test_sbatch_array_covers_an_experiment_grid(tmp_path, monkeypatch):
+    """+experiment=fig3's grid lives in hydra.sweeper.params, not on the command line."""
+    monkeypatch.setenv("GLUON_SLURM_ARRAY_PARALLELISM", "1000")
+    grid = OmegaConf.load(REPO / "configs" / "experiment" / "fig3.yaml").hydra.sweeper.params
+    n = 1
+    for values in grid.values():
+        n *= len(str(values).split(","))
+    script = sbatch_script("logreg", ["launcher=slurm", "+experiment=fig3",
+                                      f"hydra.sweep.dir={tmp_path}"])
+    assert f"#SBATCH --array=0-{n - 1}%{n}" in script
+    script = sbatch_script("logreg", ["launcher=slurm", "+experiment=fig3", "seed=5",
+                                      f"hydra.sweep.dir={tmp_path}"])   # the command line wins
+    n_seeds = len(str(grid["seed"]).split(","))
+    assert f"#SBATCH --array=0-{n // n_seeds - 1}%{n // n_seeds}" in script
+
+
 def test_slurm_defaults_need_no_environment(tmp_path, monkeypatch):
     for k in list(os.environ):
         if k.startswith("GLUON_SLURM_"):
