@@ -11,9 +11,13 @@ export GLUON_DATA_DIR
 # Offline experiment tracking unless asked otherwise.
 WANDB_MODE ?= offline
 export WANDB_MODE
-# Local sweeps run this many jobs at once; LAUNCHER=slurm sends them to a cluster.
+# Sweeps: LAUNCHER=basic (default) runs the jobs one by one in-process; LAUNCHER=local runs
+# JOBS submitit jobs at a time here (about 5 s start-up each); LAUNCHER=slurm sends them to a cluster.
 JOBS ?= 2
-LAUNCHER ?= local
+LAUNCHER ?= basic
+export GLUON_JOBS := $(JOBS)
+LOGREG_SWEEP = $(PY) -m experiments.logreg -m launcher=$(LAUNCHER)
+TUNED_LOGREG = configs/tuned/fig2_logreg
 
 .PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 \
         fig3 fig4 fig5 fig6 fig7 fig8 clean
@@ -42,6 +46,36 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 	$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
 	  method.q=0.1 method.B=4 method.beta=0.99 method.lr=0.01 steps=10000 seed=0 \
 	  hydra.run.dir=results/runs/example
+
+tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
+	for m in gluon vr_marina alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) +experiment=tune_fig2/$$m || exit 1; done
+	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
+	  --table results/tune_fig2/scores.csv
+
+fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: tuned methods x 3 seeds, curves + reduction table
+	$(LOGREG_SWEEP) +experiment=fig2_logreg
+	$(PY) -m scripts.fig2 aggregate --task logreg
+
+fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
+	$(PY) -m scripts.fig2 plot
+
+fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
+	$(MAKE) fig2-plot
+
+fig3 fig4 fig6: $(STAMP)  ## Appendix G ablations (sweeps in configs/experiment/figN.yaml)
+	$(LOGREG_SWEEP) +experiment=$@
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
+
+fig5: $(STAMP)  ## Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig. 2)
+	$(LOGREG_SWEEP) +experiment=tune_fig2/alg1
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
+
+fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
+	$(LOGREG_SWEEP) +experiment=tune_fig2/vr_marina
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
 
 clean:  ## remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun

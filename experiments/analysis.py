@@ -208,8 +208,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
     if not rows:
         path.write_text("")
         return
+    fields = list(dict.fromkeys(k for r in rows for k in r))   # union, in first-seen order
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
 
