@@ -1,0 +1,136 @@
+"""The figure pipeline: configs compose, selection, reduction arithmetic, plotting, a sweep."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments import analysis
+from experiments.analysis import (Run, comm_to_reach, first_hit, log_area, reduction_table,
+                                  value_at)
+from scripts import ablation, fig2, select_tuned
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+def experiment_names():
+    return sorted(str(p.relative_to(CONFIGS / "experiment").with_suffix(""))
+                  for p in (CONFIGS / "experiment").rglob("*.yaml") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_every_experiment_config_composes(name):
+    primary = "cnn" if "cnn" in name or name == "fig8" else "logreg"
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(primary, overrides=[f"+experiment={name}"], return_hydra_config=True)
+    from experiments.common import validate
+    from omegaconf import open_dict
+    validate(cfg)  # method, compressor and hyperparameters are valid
+    params = cfg.hydra.sweeper.params or {}
+    assert params, f"{name} defines no sweep"
+
+
+def test_tuned_configs_compose_and_fix_the_method():
+    tuned = sorted((CONFIGS / "tuned" / "fig2_logreg").glob("*.yaml"))
+    assert {p.stem for p in tuned} >= {"gluon", "vr_marina", "alg1", "alg2", "alg3", "alg4"}
+    from experiments.common import validate
+    for p in tuned:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("logreg", overrides=[f"tuned=fig2_logreg/{p.stem}"])
+        assert cfg.method.name == p.stem
+        validate(cfg)
+
+
+def fake_run(tmp, name, seed, comm, gap, method="alg1", status="ok", max_comm=40, **method_kw):
+    d = tmp / f"{name}-{seed}"
+    d.mkdir(parents=True)
+    config = {"method": {"name": method, **method_kw}, "compressor": {"name": "randk"},
+              "seed": seed, "max_comm": max_comm, "experiment": "t"}
+    (d / "summary.json").write_text(json.dumps({"status": status, "config": config,
+                                                "wall_time": 1.0}))
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "comm": c, "bytes": 4 * c, "gap": g}) + "\n"
+        for i, (c, g) in enumerate(zip(comm, gap))))
+    return d
+
+
+def test_first_hit_and_reduction_arithmetic(tmp_path):
+    comm = [0, 10, 20, 30, 40]
+    fake_run(tmp_path, "base", 0, comm, [1, 0.5, 0.2, 0.1, 0.05], method="gluon")
+    fake_run(tmp_path, "base", 1, comm, [1, 0.5, 0.3, 0.1, 0.05], method="gluon")
+    fake_run(tmp_path, "new", 0, comm, [1, 0.1, 0.05, 0.01, 0.01])
+    fake_run(tmp_path, "new", 1, comm, [1, 0.2, 0.09, 0.01, 0.01])
+    runs = analysis.load_runs(tmp_path)
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.config["method"]["name"], []).append(r)
+    assert first_hit(groups["gluon"][0], "gap", 0.2) == 20
+    assert comm_to_reach(groups["gluon"], "gap", 0.1) == (30.0, 2)
+    assert comm_to_reach(groups["alg1"], "gap", 0.1) == (15.0, 2)    # mean of 10 and 20
+    assert math.isnan(comm_to_reach(groups["alg1"], "gap", 1e-3)[0])
+    rows = reduction_table(groups, "gap", [0.1], ["gluon"], "a5a")
+    by = {r["method"]: r for r in rows}
+    assert by["alg1"]["reduction"] == pytest.approx(1 - 15 / 30)
+    assert by["gluon"]["reduction"] == pytest.approx(0.0)
+    assert by["alg1"]["baseline"] == "gluon"
+
+
+def test_value_at_is_a_step_function_and_diverged_is_inf(tmp_path):
+    fake_run(tmp_path, "a", 0, [0, 10, 20], [1.0, 0.5, 0.25], max_comm=20)
+    fake_run(tmp_path, "b", 0, [0, 10], [1.0, 0.5], status="diverged", max_comm=20)
+    ok, bad = sorted(analysis.load_runs(tmp_path), key=lambda r: r.status)[::-1]
+    v = value_at(ok, "gap", analysis.np.array([0, 5, 10, 19.9, 20, 25]))
+    assert v[:5].tolist() == [1.0, 1.0, 0.5, 0.5, 0.25] and math.isnan(v[5])
+    assert math.isinf(value_at(bad, "gap", analysis.np.array([15.0]))[0])
+    assert math.isinf(log_area([bad], "gap", 20))
+
+
+def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
+    comm = [0, 10, 20, 30, 40]
+    fake_run(tmp_path / "s", "slow", 100, comm, [1, .8, .6, .4, .2], lr=0.01, beta=0.9)
+    fake_run(tmp_path / "s", "fast", 100, comm, [1, .1, .05, .02, .01], lr=0.02, beta=0.9)
+    fake_run(tmp_path / "s", "boom", 100, [0, 10], [1, .01], status="diverged", lr=0.1, beta=0.9)
+    out = tmp_path / "tuned"
+    select_tuned.main(["--sweep", str(tmp_path / "s"), "--out", str(out),
+                       "--table", str(tmp_path / "scores.csv")])
+    text = (out / "alg1.yaml").read_text()
+    assert "lr: 0.02" in text and "override /method: alg1" in text and "Criterion" in text
+    assert (tmp_path / "scores.csv").read_text().count("\n") == 4   # header + 3 candidates
+
+
+def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
+    comm = [0, 10, 20, 30, 40]
+    sweep = tmp_path / "sweep"
+    for s in range(2):
+        fake_run(sweep, "g", s, comm, [1, .5, .2, .05, .02], method="gluon")
+        fake_run(sweep, "a", s, comm, [1, .1, .05, .01, .005])
+    monkeypatch.setattr(fig2, "OUT", tmp_path / "results")
+    fig2.aggregate("logreg", str(sweep))
+    table = (tmp_path / "results" / "reduction.md").read_text()
+    assert "| a5a | alg1 | 0.03 | 30 | 2/2 | gluon (40) | 25% |" in table
+    curves = analysis.read_csv(tmp_path / "results" / "logreg_curves.csv")
+    assert {r["label"] for r in curves} == {"gluon", "alg1"}
+    fig2.plot(tmp_path / "figs")
+    assert (tmp_path / "figs" / "fig2.png").stat().st_size > 10_000
+    assert (tmp_path / "figs" / "fig2.pdf").exists()
+
+
+def test_tiny_multirun_sweep_end_to_end(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+    cmd = [sys.executable, "-m", "experiments.logreg", "-m", "method=gluon,alg1",
+           "steps=60", "log_every=20", "seed=0", f"hydra.sweep.dir={tmp_path}",
+           f"results_dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = analysis.load_runs(tmp_path)
+    assert sorted(r.config["method"]["name"] for r in runs) == ["alg1", "gluon"]
+    assert all(r.rows[-1]["step"] == 60 for r in runs)
+    p2 = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p2.stdout.count("[skip]") == 2                           # a finished sweep: nothing
