@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +188,8 @@ def curves(groups: dict[str, Sequence[Run]], key: str, budget: float,
     for label, runs in groups.items():
         vals = np.stack([value_at(r, key, grid, x) for r in runs])
         byts = np.stack([_bytes_at(r, grid, x) for r in runs])
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # grid points no seed reached
             mean, lo, hi = np.nanmean(vals, 0), np.nanmin(vals, 0), np.nanmax(vals, 0)
             bmean = np.nanmean(byts, 0)
         for c, m, a, b, by in zip(grid, mean, lo, hi, bmean):
@@ -215,7 +217,15 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+def _num(v: str):
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
 def read_csv(path: Path) -> list[dict]:
+    """Rows of a CSV written by :func:`write_csv`, numbers as floats, labels as strings."""
     with open(path) as fh:
-        return [{k: (v if k in ("label", "task", "method", "baseline") else float(v))
-                 for k, v in r.items()} for r in csv.DictReader(fh)]
+        return [{k: (v if k in ("label", "task", "method", "baseline", "panel", "xaxis")
+                     else _num(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
