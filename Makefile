@@ -16,11 +16,18 @@ export WANDB_MODE
 JOBS ?= 2
 LAUNCHER ?= basic
 export GLUON_JOBS := $(JOBS)
+# e.g. make fig3 LAUNCHER=slurm PARTITION=cpu TIME=120 (more settings: docs/slurm.md)
+ifdef PARTITION
+export GLUON_SLURM_PARTITION := $(PARTITION)
+endif
+ifdef TIME
+export GLUON_SLURM_TIME := $(TIME)
+endif
 LOGREG_SWEEP = $(PY) -m experiments.logreg -m launcher=$(LAUNCHER)
 TUNED_LOGREG = configs/tuned/fig2_logreg
 
 .PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 \
-        fig3 fig4 fig5 fig6 fig7 fig8 clean
+        fig3 fig4 fig5 fig6 fig7 fig8 sbatch-preview wandb-sync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,7 +69,17 @@ fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in
 fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 	$(MAKE) fig2-plot
 
-fig3 fig4 fig6: $(STAMP)  ## Appendix G ablations (sweeps in configs/experiment/figN.yaml)
+fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
+	$(LOGREG_SWEEP) +experiment=$@
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
+
+fig4: $(STAMP)  ## Alg. 1: large batch B x RandK density (App. G)
+	$(LOGREG_SWEEP) +experiment=$@
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
+
+fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G; after fig4)
 	$(LOGREG_SWEEP) +experiment=$@
 	$(PY) -m scripts.ablation aggregate $@
 	$(PY) -m scripts.ablation plot $@
@@ -76,6 +93,12 @@ fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) +experiment=tune_fig2/vr_marina
 	$(PY) -m scripts.ablation aggregate $@
 	$(PY) -m scripts.ablation plot $@
+
+sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
+	$(PY) -m experiments.sweep sbatch logreg launcher=slurm +experiment=$(EXP)
+
+wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
+	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
 clean:  ## remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun
