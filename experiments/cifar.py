@@ -1,0 +1,273 @@
+"""CIFAR-10 for the CNN experiment: finding it, decoding it once, augmenting it on tensors.
+
+Two sources, both ending as uint8 tensors (N, 3, 32, 32) plus int64 labels, cached in one ``.pt``
+file under ``<results_dir>/cache/`` so that a later run loads them in about a second:
+
+* ``torchvision``: the official binary release, ``cifar-10-batches-py`` under a data directory,
+  or downloaded there by ``torchvision.datasets.CIFAR10(download=True)`` when the internet is
+  reachable. Figures say "CIFAR-10".
+* ``jpeg``: the image-folder export ``cifar10-jpeg/{train,test}/<class>/NNNN.jpg`` (the layout
+  ``torchvision.datasets.ImageFolder`` reads), either unpacked or as ``{train,test}.tar.gz``
+  (read member by member, nothing written but the cache). Decoded with
+  ``torchvision.io.decode_jpeg``. JPEG at quality ~75: pixels differ slightly from the official
+  release, so figures made from it must say "CIFAR-10 (JPEG export)".
+
+``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
+disk, else tries the download; if all fail, :class:`~experiments.datasets.DataNotFoundError`
+lists every place it looked. Data directories are searched as in :mod:`experiments.datasets`.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import datasets
+from .datasets import DataNotFoundError
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+JPEG_DIR = "cifar10-jpeg"
+OFFICIAL_DIR = "cifar-10-batches-py"
+LABELS = {"torchvision": "CIFAR-10", "jpeg": "CIFAR-10 (JPEG export)"}
+CACHE_VERSION = 1
+_IMAGE_EXT = (".jpg", ".jpeg", ".png")
+
+
+@dataclass
+class Cifar:
+    train_x: Tensor      # uint8 (N, 3, 32, 32)
+    train_y: Tensor      # int64 (N,)
+    test_x: Tensor
+    test_y: Tensor
+    classes: list[str]
+    source: str          # "torchvision" or "jpeg"
+    origin: str          # where the pixels came from (path or URL)
+
+    @property
+    def label(self) -> str:
+        """What figures and summaries must call the data."""
+        return LABELS.get(self.source, self.source)
+
+    def info(self) -> dict:
+        return {"data": self.label, "data_source": self.source, "data_origin": self.origin,
+                "n_train": len(self.train_y), "n_test": len(self.test_y)}
+
+
+# ------------------------------------------------------------------ decoding
+
+def _decode(blobs: list[bytes]) -> Tensor:
+    """JPEG/PNG byte strings -> uint8 (N, 3, H, W): torchvision.io (about 2x faster than Pillow
+    here; it warns that it is deprecated in favour of TorchCodec), else Pillow."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torchvision.io import ImageReadMode, decode_image
+
+            out = [decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                                mode=ImageReadMode.RGB) for b in blobs]
+    except (ImportError, AttributeError, RuntimeError):
+        import numpy as np
+        from PIL import Image
+        out = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")).copy())
+               .permute(2, 0, 1) for b in blobs]
+    return torch.stack(out) if out else torch.empty(0, 3, 32, 32, dtype=torch.uint8)
+
+
+def _labelled(items: list[tuple[str, str, bytes]]) -> tuple[Tensor, Tensor, list[str]]:
+    """(class, file name, bytes) -> images, labels, classes; classes sorted as ImageFolder does,
+    files sorted by name within a class, so the order never depends on the file system."""
+    classes = sorted({c for c, _, _ in items})
+    index = {c: i for i, c in enumerate(classes)}
+    items = sorted(items, key=lambda t: (index[t[0]], t[1]))
+    x = _decode([b for _, _, b in items])
+    y = torch.tensor([index[c] for c, _, _ in items], dtype=torch.int64)
+    return x, y, classes
+
+
+def read_image_folder(root: str | Path) -> tuple[Tensor, Tensor, list[str]]:
+    """``root/<class>/<image>`` as ImageFolder reads it -> (uint8 images, labels, classes)."""
+    root = Path(root)
+    items = [(d.name, f.name, f.read_bytes()) for d in root.iterdir() if d.is_dir()
+             for f in d.iterdir() if f.suffix.lower() in _IMAGE_EXT]
+    if not items:
+        raise DataNotFoundError(f"no images under {root}/<class>/")
+    return _labelled(items)
+
+
+def read_image_tar(path: str | Path, split: str) -> tuple[Tensor, Tensor, list[str]]:
+    """The same from ``<split>.tar.gz`` holding ``<split>/<class>/<image>``, without unpacking
+    it to disk."""
+    items = []
+    with tarfile.open(path, "r:*") as tar:
+        for m in tar:
+            parts = Path(m.name).parts
+            if not m.isfile() or Path(m.name).suffix.lower() not in _IMAGE_EXT or len(parts) < 2:
+                continue
+            if split in parts[:-2] or len(parts) == 2:
+                items.append((parts[-2], parts[-1], tar.extractfile(m).read()))
+    if not items:
+        raise DataNotFoundError(f"no images in {path} (expected {split}/<class>/<image>)")
+    return _labelled(items)
+
+
+def read_jpeg_export(root: Path) -> dict:
+    """Both splits of an image-folder export directory (folders first, else tarballs)."""
+    out = {}
+    for split in ("train", "test"):
+        if (root / split).is_dir():
+            out[split] = read_image_folder(root / split)
+        elif (root / f"{split}.tar.gz").is_file():
+            out[split] = read_image_tar(root / f"{split}.tar.gz", split)
+        else:
+            raise DataNotFoundError(f"{root} has neither {split}/ nor {split}.tar.gz")
+    if out["train"][2] != out["test"][2]:
+        raise ValueError(f"train and test classes differ in {root}")
+    return out
+
+
+def _jpeg_export_dir(data_dir) -> Path | None:
+    hit = datasets.find(JPEG_DIR, data_dir)
+    if hit is None:
+        return None
+    ok = all((hit / s).is_dir() or (hit / f"{s}.tar.gz").is_file() for s in ("train", "test"))
+    return hit if ok else None
+
+
+# ------------------------------------------------------------------ the official release
+
+def _official_root(data_dir) -> Path | None:
+    hit = datasets.find(OFFICIAL_DIR, data_dir)
+    return None if hit is None else hit.parent
+
+
+def _read_official(root: Path, download: bool) -> dict:
+    from torchvision.datasets import CIFAR10
+    out = {}
+    for split in ("train", "test"):
+        ds = CIFAR10(str(root), train=split == "train", download=download)
+        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        out[split] = (x, torch.tensor(ds.targets, dtype=torch.int64), list(ds.classes))
+    return out
+
+
+# ------------------------------------------------------------------ the cache and the front door
+
+def _cache_path(cache_dir: Path, source: str) -> Path:
+    return Path(cache_dir) / f"cifar10-{source}-v{CACHE_VERSION}.pt"
+
+
+def _from_splits(splits: dict, source: str, origin: str) -> Cifar:
+    (trx, try_, classes), (tex, tey, _) = splits["train"], splits["test"]
+    return Cifar(trx, try_, tex, tey, list(classes), source, origin)
+
+
+def _save(c: Cifar, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
+                "test_y": c.test_y, "classes": c.classes, "source": c.source,
+                "origin": c.origin, "version": CACHE_VERSION}, tmp)
+    tmp.replace(path)
+
+
+def _load_cache(path: Path) -> Cifar | None:
+    if not path.is_file():
+        return None
+    try:
+        d = torch.load(path, weights_only=True)
+    except Exception:  # a truncated or foreign file: rebuild it
+        return None
+    if d.get("version") != CACHE_VERSION:
+        return None
+    return Cifar(d["train_x"], d["train_y"], d["test_x"], d["test_y"], list(d["classes"]),
+                 d["source"], d["origin"])
+
+
+def load_cifar10(data_dir=None, cache_dir: str | Path | None = None, source: str = "auto",
+                 download: bool = True) -> Cifar:
+    """CIFAR-10 as uint8 tensors, from the cache when there is one (see the module docstring).
+
+    ``source``: ``auto``, ``torchvision`` (official only; downloaded if missing and allowed) or
+    ``jpeg`` (the image-folder export only). ``cache_dir=None`` disables the cache.
+    """
+    if source not in ("auto", "torchvision", "jpeg"):
+        raise ValueError(f"unknown CIFAR-10 source {source!r}; use auto, torchvision or jpeg")
+    order = {"auto": ["torchvision", "jpeg"], "torchvision": ["torchvision"], "jpeg": ["jpeg"]}[source]
+    # 1. a cache written by an earlier run (the official release first)
+    if cache_dir is not None:
+        for s in order:
+            hit = _load_cache(_cache_path(cache_dir, s))
+            if hit is not None:
+                return hit
+    # 2. data on disk, 3. the download
+    looked, errors = [], []
+    data = None
+    if "torchvision" in order:
+        root = _official_root(data_dir)
+        if root is not None:
+            data = _from_splits(_read_official(root, download=False), "torchvision", str(root / OFFICIAL_DIR))
+        looked += [str(d / OFFICIAL_DIR) for d in datasets.candidate_dirs(data_dir)]
+    if data is None and "jpeg" in order:
+        root = _jpeg_export_dir(data_dir)
+        if root is not None:
+            data = _from_splits(read_jpeg_export(root), "jpeg", str(root))
+        looked += [str(d / JPEG_DIR / "{train,test}{/,.tar.gz}") for d in datasets.candidate_dirs(data_dir)]
+    if data is None and "torchvision" in order and download:
+        target = datasets.candidate_dirs(data_dir)[0]
+        try:
+            data = _from_splits(_read_official(target, download=True), "torchvision",
+                                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz")
+        except Exception as err:  # no internet, no write access, ...
+            errors.append(f"download into {target} failed ({type(err).__name__}: {err})")
+    if data is None:
+        if "torchvision" in order and not download:
+            errors.append("download disabled")
+        raise DataNotFoundError(
+            "CIFAR-10 not found; looked in:\n  " + "\n  ".join(looked)
+            + ("\n" + "\n".join(errors) if errors else "")
+            + "\nGet it in one of these ways, then pass data_dir=<dir> or set GLUON_DATA_DIR=<dir>:"
+            "\n  * run once where the internet is reachable (torchvision downloads the official "
+            f"release into <dir>/{OFFICIAL_DIR});"
+            "\n  * put https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz unpacked at "
+            f"<dir>/{OFFICIAL_DIR};"
+            f"\n  * or put an image-folder export at <dir>/{JPEG_DIR}/{{train,test}}/<class>/*.jpg "
+            "(or as train.tar.gz and test.tar.gz there).")
+    if cache_dir is not None:
+        _save(data, _cache_path(cache_dir, data.source))
+    return data
+
+
+# ------------------------------------------------------------------ tensors in, tensors out
+
+def normalize(x: Tensor) -> Tensor:
+    """uint8 (N, 3, H, W) -> float32, scaled to [0, 1] and standardised per channel (airbench)."""
+    from .airbench import CIFAR_MEAN, CIFAR_STD
+    mean = torch.tensor(CIFAR_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR_STD, device=x.device).view(1, 3, 1, 1)
+    return (x.float() / 255.0 - mean) / std
+
+
+def augment(x: Tensor, gen: torch.Generator, flip: bool = True, translate: int = 2) -> Tensor:
+    """airbench's training augmentation on a float batch: a random left-right flip per image and a
+    random translation by up to ``translate`` pixels in each direction (a crop of the
+    reflect-padded image). All randomness comes from ``gen`` (the worker's generator)."""
+    n, c, h, w = x.shape
+    if flip:
+        mask = torch.rand(n, generator=gen) < 0.5
+        x = torch.where(mask.view(n, 1, 1, 1).to(x.device), x.flip(-1), x)
+    if translate > 0:
+        r = translate
+        padded = F.pad(x, (r, r, r, r), mode="reflect")
+        shifts = torch.randint(0, 2 * r + 1, (n, 2), generator=gen).to(x.device)
+        rows = (shifts[:, 0:1] + torch.arange(h, device=x.device)).view(n, 1, h, 1)
+        cols = (shifts[:, 1:2] + torch.arange(w, device=x.device)).view(n, 1, 1, w)
+        b = torch.arange(n, device=x.device).view(n, 1, 1, 1)
+        ch = torch.arange(c, device=x.device).view(1, c, 1, 1)
+        x = padded[b, ch, rows, cols]
+    return x
