@@ -72,16 +72,29 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
 def newton_schulz(m: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
-    """Approximate the polar factor U V^T of a 2-D matrix m = U S V^T."""
+    """Approximate the polar factor U V^T of a 2-D matrix m = U S V^T.
+
+    Muon's iteration X <- a X + (b A + c A^2) X with A = X X^T. Every iterate is Q X_0 for a
+    matrix Q acting on the short side, and A = Q G Q^T with G = X_0 X_0^T, so we iterate on the
+    small Gram matrix instead: two products with the wide X_0 in all (G and the final Q X_0)
+    instead of two per step. Same iteration in exact arithmetic; for a 256 x 2304 conv kernel it
+    is several times cheaper.
+    """
     a, b, c = NS_COEFFS
     x = m / (m.norm() + eps)  # Frobenius scaling puts every singular value in [0, 1]
     transpose = x.shape[0] > x.shape[1]
     if transpose:  # iterate on the short side: X X^T is then the small Gram matrix
         x = x.T
+    gram = x @ x.T
+    q = None
+    s = gram                  # A_k = Q_k G Q_k^T
     for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if transpose else x
+        p = torch.addmm(b * s, s, s, alpha=c)          # b A + c A^2
+        p.diagonal().add_(a)                           # + a I
+        q = p if q is None else p @ q
+        s = q @ gram @ q.T
+    out = q @ x
+    return out.T if transpose else out
 
 
 class Spectral(LMO):
