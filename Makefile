@@ -24,6 +24,11 @@ ifdef TIME
 export GLUON_SLURM_TIME := $(TIME)
 endif
 LOGREG_SWEEP = $(PY) -m experiments.logreg -m launcher=$(LAUNCHER)
+# CNN runs last minutes, so even locally they run JOBS at a time (submitit); GPU jobs on SLURM.
+CNN_LAUNCHER ?= $(if $(filter basic,$(LAUNCHER)),local,$(if $(filter slurm,$(LAUNCHER)),slurm_gpu,$(LAUNCHER)))
+CNN_SWEEP = $(PY) -m experiments.cnn -m launcher=$(CNN_LAUNCHER)
+# The CNN panel's profile: paper scale when a GPU is visible, else the CPU profile (150 steps).
+CNN_PROFILE ?= $(shell $(PY) -c "import torch; print('paper' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
 TUNED_LOGREG = configs/tuned/fig2_logreg
 
 .PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 \
@@ -63,6 +68,10 @@ fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: tuned methods x 3 seeds, curves + re
 	$(LOGREG_SWEEP) +experiment=fig2_logreg
 	$(PY) -m scripts.fig2 aggregate --task logreg
 
+fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (CPU profile without a GPU; CNN_PROFILE=paper|cpu to choose)
+	$(CNN_SWEEP) +experiment=fig2_cnn_$(CNN_PROFILE)
+	$(PY) -m scripts.fig2 aggregate --task cnn --sweep results/sweeps/fig2_cnn_$(CNN_PROFILE)
+
 fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
 	$(PY) -m scripts.fig2 plot
 
@@ -91,6 +100,11 @@ fig5: $(STAMP)  ## Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig
 
 fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) +experiment=tune_fig2/vr_marina
+	$(PY) -m scripts.ablation aggregate $@
+	$(PY) -m scripts.ablation plot $@
+
+fig8: $(STAMP)  ## App. H CNN grid at paper scale (for a GPU or SLURM: make fig8 LAUNCHER=slurm)
+	$(CNN_SWEEP) +experiment=$@
 	$(PY) -m scripts.ablation aggregate $@
 	$(PY) -m scripts.ablation plot $@
 

@@ -9,9 +9,12 @@ rate / momentum grids, seed 100), as in the paper where the baselines are "tuned
 from __future__ import annotations
 
 import argparse
+import json
+from collections import Counter
 from pathlib import Path
 
 from experiments.analysis import curves, flatten, group_runs, load_runs, read_csv, write_csv
+from experiments.runlog import read_summary
 
 # For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
 # the x axes and an optional overlay (another sweep drawn dashed for comparison).
@@ -31,6 +34,9 @@ FIGS = {
     "fig7": {"sweeps": [("results/sweeps/tune_fig2/vr_marina", "vr_marina")],
              "panel": ["method.q"], "lines": ["method.beta", "method.lr"], "x": ["comm"],
              "title": "VR-MARINA with momentum: tuning (RandK 1%)"},
+    "fig8": {"sweeps": [("results/sweeps/fig8", "alg1")], "panel": ["method.q"],
+             "lines": ["method.beta", "method.lr"], "x": ["comm"], "metric": "loss",
+             "task": "CIFAR-10 CNN", "title": "Alg. 1 on the CNN: q, lr and beta (RandK 1%)"},
 }
 SHORT = {"method.q": "q", "compressor.density": "density", "method.B": "B", "method.beta": "beta",
          "method.lr": "lr", "method.name": ""}
@@ -59,13 +65,17 @@ def aggregate(fig: str) -> Path:
             flat = flatten(group[0].config)
             panel = _label(flat, _keys(spec["panel"])) or "all"
             label = _label(flat, spec["lines"])
-            for row in curves({label: group}, "gap", budget, points=200, x=x):
+            for row in curves({label: group}, spec.get("metric", "gap"), budget, points=200, x=x):
                 rows.append({"panel": panel, "xaxis": x, "x": row[x], "label": label,
                              "mean": row["mean"], "min": row["min"], "max": row["max"],
                              "seeds": row["seeds"]})
     out = Path("results") / fig / "curves.csv"
     write_csv(rows, out)
-    print(f"wrote {out} ({len(rows)} rows)")
+    wall = sum(read_summary(r.path).get("wall_time", 0.0) for r in runs)
+    (out.parent / "runtime.json").write_text(json.dumps(
+        {"runs": len(runs), "wall_time_s_sum": round(wall, 1),
+         "statuses": dict(Counter(r.status for r in runs))}, indent=2))
+    print(f"wrote {out} ({len(rows)} rows); {len(runs)} runs, {wall:.0f} s of run time in all")
     return out
 
 
@@ -96,12 +106,13 @@ def plot(fig: str) -> Path:
         ax.set_yscale("log")
         ax.set_title(panel if panel != "all" else "", fontsize=9)
         ax.set_xlabel("iterations" if xaxis == "step" else "uplink communication per worker")
-        ax.set_ylabel(r"$f(x) - f^*$")
+        ax.set_ylabel("training loss" if spec.get("metric") == "loss" else r"$f(x) - f^*$")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig_.suptitle(f"{fig}: {spec['title']} (a5a, mean and min-max over seeds)", fontsize=10)
+    fig_.suptitle(f"{fig}: {spec['title']} ({spec.get('task', 'a5a')}, mean and min-max over seeds)",
+                  fontsize=10)
     fig_.tight_layout()
     out = Path("figures")
     out.mkdir(exist_ok=True)

@@ -23,9 +23,9 @@ TASKS = {
     "logreg": {"sweep": "results/sweeps/fig2_logreg", "metric": "gap", "table_task": "a5a",
                "eps": [3e-2, 1e-2, 5e-3, 3e-3], "baselines": ["gluon", "vr_marina"],
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
-    "cnn": {"sweep": "results/sweeps/fig2_cnn", "metric": "loss", "table_task": "cnn",
-            "eps": [1.5, 1.2, 1.0], "baselines": ["gluon"],
-            "ylabel": "training loss", "title": "CNN, CIFAR-10 (JPEG export)"},
+    "cnn": {"sweep": "results/sweeps/fig2_cnn_cpu", "metric": "loss", "table_task": "cnn",
+            "eps": [2.2, 2.1, 2.0, 1.9], "baselines": ["gluon"],
+            "ylabel": "training loss", "title": "CNN, {data}, {steps} steps"},
 }
 LABELS = {"gluon": "Gluon, q = 1 (baseline)", "vr_marina": "VR-MARINA (baseline)",
           "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)", "alg3": "Alg. 3 (RandK, MVR)",
@@ -54,7 +54,9 @@ def aggregate(task: str, sweep: str | None = None) -> None:
                     "seeds": sorted(r.config["seed"] for r in g),
                     "status": sorted(r.status for r in g),
                     "wall_time_s": sum(json.loads((r.path / "summary.json").read_text())
-                                       ["wall_time"] for r in g)}
+                                       ["wall_time"] for r in g),
+                    "steps": g[0].config.get("steps"),
+                    "data": json.loads((g[0].path / "summary.json").read_text()).get("data", "")}
                 for m, g in by_method.items()}
     (OUT / f"{task}_settings.json").write_text(json.dumps(settings, indent=2))
     print((OUT / "reduction.md").read_text())
@@ -68,7 +70,10 @@ def plot(out: Path = FIG) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, (task, spec) in zip(axes, TASKS.items()):
         path = OUT / f"{task}_curves.csv"
-        ax.set_title(spec["title"])
+        meta = OUT / f"{task}_settings.json"
+        info = next(iter(json.loads(meta.read_text()).values()), {}) if meta.exists() else {}
+        ax.set_title(spec["title"].format(data=info.get("data") or "CIFAR-10",
+                                          steps=info.get("steps", "?")))
         ax.set_xlabel("uplink communication per worker (dense gradients)")
         ax.set_ylabel(spec["ylabel"])
         if not path.exists():
