@@ -11,11 +11,6 @@ averaging, the LMO update, and the rest (momentum, bookkeeping). The overhead is
 the gradients and the sampling, as a fraction of the gradient time (target: under 15%). Times
 are wall-clock and process CPU time; on a shared machine the CPU time is the steadier one.
 Prints a markdown table.
-
-``--ns gram`` swaps, for this benchmark only, the library's Newton-Schulz iteration for an
-algebraically identical form that iterates on the small Gram matrix (X_k = Q_k X_0 with Q_k a
-polynomial in X_0 X_0^T: two wide products per LMO instead of ten); it shows what that change
-to ``gluon.lmo.newton_schulz`` would save. The experiments always use the library's LMOs.
 """
 from __future__ import annotations
 
@@ -29,34 +24,6 @@ from omegaconf import OmegaConf
 from experiments.cifar import Cifar
 from experiments.cnn_task import build
 from experiments.common import validate
-from gluon.lmo import NS_COEFFS, Spectral
-
-
-def newton_schulz_gram(m, steps: int = 5, eps: float = 1e-7):
-    """Muon's quintic Newton-Schulz as gluon.lmo.newton_schulz, iterated on the Gram matrix."""
-    a, b, c = NS_COEFFS
-    x = m / (m.norm() + eps)
-    transpose = x.shape[0] > x.shape[1]
-    if transpose:
-        x = x.T
-    gram = x @ x.T
-    eye = torch.eye(gram.shape[0], dtype=x.dtype, device=x.device)
-    q, s = None, gram
-    for _ in range(steps):
-        p = a * eye + b * s + c * s @ s
-        q = p if q is None else p @ q
-        s = q @ gram @ q.T
-    out = q @ x
-    return out.T if transpose else out
-
-
-class GramSpectral(Spectral):
-    def __call__(self, m):
-        mat = m.reshape(m.shape[0], -1)
-        d = -newton_schulz_gram(mat.float(), self.ns_steps).to(m.dtype)
-        if self.scale:
-            d = d * (mat.shape[0] / mat.shape[1]) ** 0.5
-        return d.reshape(m.shape)
 
 
 class Clock:
@@ -119,10 +86,6 @@ def bench(method_name: str, args) -> dict:
     torch.set_num_threads(args.threads)
     compressor = validate(cfg)
     method, _, _ = build(cfg, compressor, data=None if args.real else random_data())
-    if args.ns == "gram":
-        for b in method.update.blocks:
-            if type(b.lmo) is Spectral:
-                b.lmo = GramSpectral(ns_steps=b.lmo.ns_steps, scale=b.lmo.scale)
     clock = Clock()
     for o in {id(w.oracle): w.oracle for w in method.workers}.values():
         o.grad = clock.wrap("gradients (fwd+bwd)", o.grad)
@@ -175,11 +138,9 @@ def main(argv=None):
     p.add_argument("--q", type=float, default=0.1)
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--real", action="store_true", help="use CIFAR-10 instead of random images")
-    p.add_argument("--ns", choices=["library", "gram"], default="library",
-                   help="Newton-Schulz implementation for the spectral LMOs (see above)")
     args = p.parse_args(argv)
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94, n = 4, batch 16, "
-          f"q = {args.q}, B = {args.B}, density 1%, Newton-Schulz: {args.ns}\n")
+          f"q = {args.q}, B = {args.B}, density 1%\n")
     for name in args.methods:
         r = bench(name, args)
         print(f"### {name}: {r['steps']} steps ({r['syncs']} with u = 1)\n")

@@ -25,7 +25,7 @@ TASKS = {
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
     "cnn": {"sweep": "results/sweeps/fig2_cnn_cpu", "metric": "loss", "table_task": "cnn",
             "eps": [2.2, 2.1, 2.0, 1.9], "baselines": ["gluon"],
-            "ylabel": "training loss", "title": "CNN, {data}, {steps} steps"},
+            "ylabel": "training loss", "title": "CNN, {data}, {steps} steps", "xscale": "log"},
 }
 LABELS = {"gluon": "Gluon, q = 1 (baseline)", "vr_marina": "VR-MARINA (baseline)",
           "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)", "alg3": "Alg. 3 (RandK, MVR)",
@@ -45,7 +45,9 @@ def aggregate(task: str, sweep: str | None = None) -> None:
             raise SystemExit(f"two different {name} settings under {spec['sweep']}: "
                              "remove the stale runs (make clean) and rerun")
         by_method[name] = group
-    budget = min(r.config.get("max_comm") or max(x["comm"] for x in r.rows) for r in runs)
+    # The x range: the common budget when runs stop at one (a5a), else the longest run (each
+    # curve ends where its runs end).
+    budget = max(r.config.get("max_comm") or r.rows[-1]["comm"] for r in runs)
     write_csv(curves(by_method, spec["metric"], budget), OUT / f"{task}_curves.csv")
     rows = reduction_table(by_method, spec["metric"], spec["eps"], spec["baselines"],
                            spec["table_task"])
@@ -59,7 +61,25 @@ def aggregate(task: str, sweep: str | None = None) -> None:
                     "data": json.loads((g[0].path / "summary.json").read_text()).get("data", "")}
                 for m, g in by_method.items()}
     (OUT / f"{task}_settings.json").write_text(json.dumps(settings, indent=2))
+    (OUT / f"{task}_final.md").write_text(final_table(by_method, spec["metric"]))
     print((OUT / "reduction.md").read_text())
+    print((OUT / f"{task}_final.md").read_text())
+
+
+def final_table(by_method: dict, metric: str) -> str:
+    """Last logged values per method: mean +- std over seeds (and test accuracy if logged)."""
+    import numpy as np
+    lines = [f"| method | seeds | final {metric} | final test accuracy | uplink at the end |",
+             "|---|---|---|---|---|"]
+    for m in sorted(by_method, key=lambda m: ORDER.index(m) if m in ORDER else 99):
+        last = [r.rows[-1] for r in by_method[m]]
+        acc = [[x for x in r.rows if "test_acc" in x][-1]["test_acc"] for r in by_method[m]
+               if any("test_acc" in x for x in r.rows)]
+        val = np.array([x[metric] for x in last])
+        acc_s = f"{100 * np.mean(acc):.1f}% +- {100 * np.std(acc):.1f}" if acc else "-"
+        lines.append(f"| {m} | {len(last)} | {val.mean():.4g} +- {val.std():.2g} | {acc_s} | "
+                     f"{np.mean([x['comm'] for x in last]):.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(out: Path = FIG) -> None:
@@ -90,6 +110,7 @@ def plot(out: Path = FIG) -> None:
             ax.fill_between(x, [r["min"] for r in rs], [r["max"] for r in rs],
                             color=line.get_color(), alpha=0.2, lw=0)
         ax.set_yscale("log")
+        ax.set_xscale(spec.get("xscale", "linear"))
         ax.grid(True, which="both", alpha=0.3)
         seeds = int(rows[0]["seeds"])
         ax.legend(fontsize=8, title=f"mean, band = min-max over {seeds} seeds", title_fontsize=7)
