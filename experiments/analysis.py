@@ -151,7 +151,7 @@ def write_table(rows: list[dict], csv_path: Path, md_path: Path | None = None,
     with open(csv_path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
-        for r in keep + rows:
+        for r in sorted(keep + rows, key=lambda r: r["task"]):   # stable: a5a, then cnn
             w.writerow({k: r[k] for k in fields})
     if md_path is not None:
         with open(csv_path) as fh:

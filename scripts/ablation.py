@@ -117,7 +117,8 @@ def plot(fig: str) -> Path:
     out = Path("figures")
     out.mkdir(exist_ok=True)
     for ext in ("png", "pdf"):
-        fig_.savefig(out / f"{fig}.{ext}", dpi=130)
+        fig_.savefig(out / f"{fig}.{ext}", dpi=130,  # no timestamps: same results, same files
+                     metadata={"CreationDate": None} if ext == "pdf" else {"Software": None})
     print(f"wrote figures/{fig}.png")
     return out / f"{fig}.png"
 

@@ -117,7 +117,8 @@ def plot(out: Path = FIG) -> None:
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     for ext in ("png", "pdf"):
-        fig.savefig(out / f"fig2.{ext}", dpi=150)
+        fig.savefig(out / f"fig2.{ext}", dpi=150,   # no timestamps: same results, same files
+                    metadata={"CreationDate": None} if ext == "pdf" else {"Software": None})
     print(f"wrote {out / 'fig2.png'} and {out / 'fig2.pdf'}")
 
 
