@@ -99,6 +99,8 @@ def log_area(runs: Sequence[Run], key: str, budget: float) -> float:
     scores = []
     for r in runs:
         v = value_at(r, key, grid)
+        if np.isnan(v).any():          # stopped before the budget
+            return math.inf
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
             v = np.where(v > 0, v, 1e-16)
             if not np.all(np.isfinite(v)):

@@ -1,4 +1,4 @@
-"""The CIFAR-10 airbench CNN task (SPEC section 6): worker oracles, evaluation, ``build``.
+"""The CIFAR-10 airbench CNN task (docs/algorithms.md section 6): worker oracles, evaluation, ``build``.
 
 Worker tau holds a shard of the training set (``experiments.logreg_task.split``: iid by default,
 ``label_skew`` optional) and minimises the mean cross-entropy of airbench94 on augmented

@@ -1,4 +1,4 @@
-"""The a5a logistic-regression task (SPEC section 6): data, worker shards, oracle, f*.
+"""The a5a logistic-regression task (docs/algorithms.md section 6): data, worker shards, oracle, f*.
 
 Model: x in R^124 = 123 weights plus a bias (a constant-1 feature appended to every example),
 one parameter block with the Euclidean LMO. Objective of worker tau on its shard D_tau:

@@ -9,7 +9,7 @@ implement this interface:
 * ``gluon.distributed.TorchDistComm``: one worker per process; packets cross the wire in
   compressed form through torch.distributed collectives.
 
-Cost model (SPEC section 1): only the uplink is counted, per worker, cumulative. ``cost`` is
+Cost model (docs/algorithms.md section 1): only the uplink is counted, per worker, cumulative. ``cost`` is
 normalised so that one dense gradient of the whole model (dimension d) costs 1.0; ``bytes`` is
 the wire size of the packets. The shared coin is downlink-like (one bit from worker 1) and is
 not counted.

@@ -1,4 +1,4 @@
-"""Compressors (SPEC section 3), one class each, acting on one parameter block.
+"""Compressors (docs/algorithms.md section 3), one class each, acting on one parameter block.
 
 A compressor turns a dense block into a :class:`Packet` (what a worker would put on the
 wire) and back. Two costs are reported for every packet:

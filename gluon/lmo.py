@@ -1,4 +1,4 @@
-"""Linear minimisation oracles, one per norm (SPEC section 2).
+"""Linear minimisation oracles, one per norm (docs/algorithms.md section 2).
 
 ``lmo(M)`` returns D = argmin_{||D|| <= 1} <M, D> for the block's norm, so the Gluon step is
 X <- X + radius * D. ``dual_norm(M)`` is ||M||_*, with <M, lmo(M)> = -||M||_* for the exact

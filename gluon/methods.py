@@ -1,11 +1,11 @@
-"""The paper's algorithms (SPEC section 4) and its baselines (section 5), each written once.
+"""The paper's algorithms (docs/algorithms.md section 4) and its baselines (section 5), each written once.
 
 Every method sees only: the global parameters X (a list of blocks, updated in place), the
 workers this process hosts, a :class:`~gluon.comm.Comm` backend, an update rule and a
 compressor. The same code therefore runs in the in-process simulation (all n workers local)
 and on torch.distributed (one local worker per process).
 
-Notation follows SPEC: u^k is the shared coin (u^0 = 1), g^k the gradient estimator, M^k the
+Notation follows docs/algorithms.md: u^k is the shared coin (u^0 = 1), g^k the gradient estimator, M^k the
 momentum, Delta^{tau,k} = grad f_xi(X^k) - grad f_xi(X^{k-1}) on one minibatch xi, e^{tau,k}
 the error-feedback memory. ``self.u`` holds u^k during step k; u^{k+1} is drawn at its end.
 """

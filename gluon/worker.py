@@ -92,7 +92,7 @@ class Worker:
     def sample(self, batches: int = 1):
         return self.oracle.sample(self.gen, batches)
 
-    # Both directions copy ``state`` (fix found by tests/test_methods.py): returning or adopting
+    # Both directions copy ``state``: returning or adopting
     # the live dict let a checkpoint change as the run went on (methods reassign its entries,
     # e.g. the error memory "e", every step) and made two methods loaded from one checkpoint
     # share their workers' state. Method.state_dict clones everything else already.

@@ -1,5 +1,5 @@
 """Property tests of gluon.compressors: Definitions 1.1 / 1.2 of the paper, RandK's shared-seed
-indices, the wire format and the normalised cost (SPEC section 3).
+indices, the wire format and the normalised cost (docs/algorithms.md section 3).
 
 Statistical tests draw N messages with fixed seeds and compare sample means with the expected
 value within a few standard errors estimated from the same samples, so a wrong scale or a

@@ -1,4 +1,4 @@
-"""Property tests of gluon.lmo (SPEC section 2).
+"""Property tests of gluon.lmo (docs/algorithms.md section 2).
 
 For every exact LMO: D = lmo(M) lies in the unit ball of its norm, <M, D> = -||M||_* (the dual
 norm), and no random feasible point does better. Newton-Schulz: an approximate polar factor

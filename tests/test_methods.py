@@ -1,6 +1,6 @@
 """Property tests of gluon.methods and gluon.engine on small synthetic least-squares problems.
 
-Identities checked step by step (SPEC sections 4 and 5): the error-feedback recursion of
+Identities checked step by step (docs/algorithms.md sections 4 and 5): the error-feedback recursion of
 Alg. 2, Alg. 1 (q = 1, B = 1, identity) = Gluon = hand-written normalised SGD with momentum,
 Alg. 1 with radius gamma ||M|| = VR-MARINA, Alg. 2 / Alg. 4 with the identity compressor =
 Alg. 1 / Alg. 3, and the MVR estimator of Alg. 3 / Alg. 4 tracking the exact gradient on a
@@ -243,7 +243,7 @@ def test_gluon_equals_handwritten_normalised_sgd_with_momentum(seed):
     assert not torch.allclose(X[0], params0[0])
 
 
-# ---------------------------------------------------------------- VR-MARINA identity (SPEC 5)
+# ---------------------------------------------------------------- VR-MARINA identity (docs/algorithms.md section 5)
 
 def _radius_gamma_norm_update(params, direction, lr):
     """Alg. 1's LMO step with radius eta = gamma * ||M^k||_2 (Euclidean LMO, t = 1)."""
