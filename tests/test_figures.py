@@ -90,6 +90,8 @@ def test_value_at_is_a_step_function_and_diverged_is_inf(tmp_path):
     assert v[:5].tolist() == [1.0, 1.0, 0.5, 0.5, 0.25] and math.isnan(v[5])
     assert math.isinf(value_at(bad, "gap", analysis.np.array([15.0]))[0])
     assert math.isinf(log_area([bad], "gap", 20))
+    assert math.isfinite(log_area([ok], "gap", 20))
+    assert math.isinf(log_area([ok], "gap", 25))       # stopped short of the budget
 
 
 def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
