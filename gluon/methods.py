@@ -11,14 +11,13 @@ the error-feedback memory. ``self.u`` holds u^k during step k; u^{k+1} is drawn 
 """
 from __future__ import annotations
 
-import inspect
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from .comm import DENSE, Comm, Message, encode
-from .compressors import Compressor, Identity, Zero
+from .compressors import Compressor, Identity
 from .lmo import Block, Euclidean
 from .worker import Worker
 
@@ -107,6 +106,13 @@ class Method:
             d = [x / self.B for x in d]
         return d
 
+    def send_with_error_feedback(self, w: Worker) -> Message:
+        """y = C(Delta + e) is sent; the worker keeps e <- e + Delta - y (Alg. 2 and 4)."""
+        x = _add_error(self.delta(w), w.state.get("e"))
+        m = self.send(self.compressor, w, x)
+        w.state["e"] = [a - b for a, b in zip(x, m.values)]
+        return m
+
     def full_sync(self) -> list[Tensor]:
         return self.comm.average([self.send(DENSE, w, self.large_batch_grad(w))
                                   for w in self.workers])
@@ -177,13 +183,8 @@ class Alg2(Method):
                 w.state["e"] = None      # e^{tau,k+1} = 0
             g = self.full_sync()
         else:
-            msgs = []
-            for w in self.workers:
-                x = _add_error(self.delta(w), w.state.get("e"))
-                m = self.send(self.compressor, w, x)
-                w.state["e"] = [a - b for a, b in zip(x, m.values)]   # e + Delta - y
-                msgs.append(m)
-            g = [a + b for a, b in zip(self.g, self.comm.average(msgs))]
+            y = self.comm.average([self.send_with_error_feedback(w) for w in self.workers])
+            g = [a + b for a, b in zip(self.g, y)]
         self.g = g
         self.u = self.comm.coin(self.q)
         self.M = self.momentum(g)
@@ -212,14 +213,11 @@ class Alg4(Method):
     def _direction(self):
         msgs = []
         for w in self.workers:
-            x = _add_error(self.delta(w), w.state.get("e"))
             if self.u:   # flush: send e + Delta uncompressed and forget the error
-                m = self.send(DENSE, w, x)
+                msgs.append(self.send(DENSE, w, _add_error(self.delta(w), w.state.get("e"))))
                 w.state["e"] = None
             else:
-                m = self.send(self.compressor, w, x)
-                w.state["e"] = [a - b for a, b in zip(x, m.values)]
-            msgs.append(m)
+                msgs.append(self.send_with_error_feedback(w))
         y = self.comm.average(msgs)
         g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
         self.g = g
