@@ -14,7 +14,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -28,9 +28,16 @@ NON_SEMANTIC = {"seed", "overwrite", "threads", "wandb", "data_dir", "experiment
 @dataclass
 class Run:
     path: Path
-    config: dict
-    status: str
-    rows: list[dict]
+    summary: dict       # summary.json as written by experiments.runlog
+    rows: list[dict]    # metrics.jsonl
+
+    @property
+    def config(self) -> dict:
+        return self.summary["config"]
+
+    @property
+    def status(self) -> str:
+        return self.summary["status"]
 
     def series(self, key: str, x: str = "comm") -> tuple[np.ndarray, np.ndarray]:
         comm = np.array([r[x] for r in self.rows], dtype=float)
@@ -44,7 +51,7 @@ def load_runs(root: str | Path) -> list[Run]:
     for summary in sorted(Path(root).rglob("summary.json")):
         s = read_summary(summary.parent)
         if s and s.get("status") in ("ok", "diverged"):
-            runs.append(Run(summary.parent, s["config"], s["status"], read_metrics(summary.parent)))
+            runs.append(Run(summary.parent, s, read_metrics(summary.parent)))
     return runs
 
 

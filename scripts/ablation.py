@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.analysis import curves, flatten, group_runs, load_runs, read_csv, write_csv
-from experiments.runlog import read_summary
 
 # For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
 # the x axes and an optional overlay (another sweep drawn dashed for comparison).
@@ -71,7 +70,7 @@ def aggregate(fig: str) -> Path:
                              "seeds": row["seeds"]})
     out = Path("results") / fig / "curves.csv"
     write_csv(rows, out)
-    wall = sum(read_summary(r.path).get("wall_time", 0.0) for r in runs)
+    wall = sum(r.summary.get("wall_time", 0.0) for r in runs)
     (out.parent / "runtime.json").write_text(json.dumps(
         {"runs": len(runs), "wall_time_s_sum": round(wall, 1),
          "statuses": dict(Counter(r.status for r in runs))}, indent=2))

@@ -55,10 +55,9 @@ def aggregate(task: str, sweep: str | None = None) -> None:
     settings = {m: {"method": g[0].config["method"], "compressor": g[0].config["compressor"],
                     "seeds": sorted(r.config["seed"] for r in g),
                     "status": sorted(r.status for r in g),
-                    "wall_time_s": sum(json.loads((r.path / "summary.json").read_text())
-                                       ["wall_time"] for r in g),
+                    "wall_time_s": sum(r.summary["wall_time"] for r in g),
                     "steps": g[0].config.get("steps"),
-                    "data": json.loads((g[0].path / "summary.json").read_text()).get("data", "")}
+                    "data": g[0].summary.get("data", "")}
                 for m, g in by_method.items()}
     (OUT / f"{task}_settings.json").write_text(json.dumps(settings, indent=2))
     (OUT / f"{task}_final.md").write_text(final_table(by_method, spec["metric"]))

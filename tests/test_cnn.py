@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from experiments import cifar, datasets
+from experiments import datasets
 from experiments.airbench import (N_PARAMS, Airbench94, GhostBatchNorm, count_params,
                                   init_whitening, patch_second_moment, recalibrate_bn)
 from experiments.cifar import Cifar, augment, load_cifar10, normalize

@@ -12,9 +12,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import analysis
-from experiments.analysis import (Run, comm_to_reach, first_hit, log_area, reduction_table,
+from experiments.analysis import (comm_to_reach, first_hit, log_area, reduction_table,
                                   value_at)
-from scripts import ablation, fig2, select_tuned
+from scripts import fig2, select_tuned
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -31,7 +31,6 @@ def test_every_experiment_config_composes(name):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(primary, overrides=[f"+experiment={name}"], return_hydra_config=True)
     from experiments.common import validate
-    from omegaconf import open_dict
     validate(cfg)  # method, compressor and hyperparameters are valid
     params = cfg.hydra.sweeper.params or {}
     assert params, f"{name} defines no sweep"

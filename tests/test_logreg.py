@@ -1,7 +1,6 @@
 """The a5a task end to end: data loading, f*, the CLI, bad input, determinism, skip/replace."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from scipy.optimize import minimize
 from experiments.datasets import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.logreg_task import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
-from experiments.runlog import read_metrics, read_summary
+from experiments.runlog import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
