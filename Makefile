@@ -30,8 +30,9 @@ CNN_SWEEP = $(PY) -m experiments.cnn -m launcher=$(CNN_LAUNCHER)
 # The CNN panel's profile: paper scale when a GPU is visible, else the CPU profile (150 steps).
 CNN_PROFILE ?= $(shell $(PY) -c "import torch; print('paper' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
 TUNED_LOGREG = configs/tuned/fig2_logreg
+TUNED_CNN = configs/tuned/fig2_cnn_cpu
 
-.PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 \
+.PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 tune-fig2-cnn \
         fig3 fig4 fig5 fig6 fig7 fig8 sbatch-preview wandb-sync clean
 
 help:  ## list the targets
@@ -63,6 +64,11 @@ tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experi
 	for m in gluon vr_marina alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) +experiment=tune_fig2/$$m || exit 1; done
 	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
+
+tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
+	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) +experiment=tune_fig2_cnn/$$m || exit 1; done
+	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
+	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
 fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: tuned methods x 3 seeds, curves + reduction table
 	$(LOGREG_SWEEP) +experiment=fig2_logreg

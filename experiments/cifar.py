@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import datasets
+from .atomic import atomic_write
 from .datasets import DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -168,25 +169,32 @@ def _from_splits(splits: dict, source: str, origin: str) -> Cifar:
 
 
 def _save(c: Cifar, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
-                "test_y": c.test_y, "classes": c.classes, "source": c.source,
-                "origin": c.origin, "version": CACHE_VERSION}, tmp)
-    tmp.replace(path)
+    """Write the cache atomically: parallel runs on a fresh clone (``make fig2-cnn``, SLURM
+    arrays) all build it at once; each writes a private temporary file (experiments.atomic)."""
+    payload = {"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
+               "test_y": c.test_y, "classes": c.classes, "source": c.source,
+               "origin": c.origin, "version": CACHE_VERSION}
+    atomic_write(path, lambda fh: torch.save(payload, fh))
 
 
 def _load_cache(path: Path) -> Cifar | None:
+    """The cached tensors, or None (a miss: the caller rebuilds and rewrites the cache) when
+    there is no cache, it is from another version, or it cannot be read (truncated by an older
+    version's non-atomic write, or foreign)."""
     if not path.is_file():
         return None
     try:
         d = torch.load(path, weights_only=True)
-    except Exception:  # a truncated or foreign file: rebuild it
+        if not isinstance(d, dict) or d.get("version") != CACHE_VERSION:
+            return None
+        return Cifar(d["train_x"], d["train_y"], d["test_x"], d["test_y"], list(d["classes"]),
+                     d["source"], d["origin"])
+    except FileNotFoundError:  # removed between the check and the read
         return None
-    if d.get("version") != CACHE_VERSION:
+    except Exception as err:
+        warnings.warn(f"ignoring unreadable CIFAR-10 cache {path} ({type(err).__name__}: {err}); "
+                      "rebuilding it", RuntimeWarning, stacklevel=2)
         return None
-    return Cifar(d["train_x"], d["train_y"], d["test_x"], d["test_y"], list(d["classes"]),
-                 d["source"], d["origin"])
 
 
 def load_cifar10(data_dir=None, cache_dir: str | Path | None = None, source: str = "auto",

@@ -78,6 +78,16 @@ class CifarOracle(ModuleOracle):
         with torch.autocast(batch[0].device.type, dtype=torch.bfloat16, enabled=self.amp):
             return super()._loss(params, batch)
 
+    def grad_diff(self, params, prev, batch):
+        """Delta = grad f_xi(X) - grad f_xi(X_prev) in fp32, never under bf16 autocast: the two
+        gradients are close, so bf16 rounding (about 4e-3 relative each) would dominate their
+        difference, and g sums about 1/q of them between syncs."""
+        amp, self.amp = self.amp, False
+        try:
+            return super().grad_diff(params, prev, batch)
+        finally:
+            self.amp = amp
+
     def grad(self, params, batch):
         self.model.train()
         x, y = batch
@@ -148,7 +158,7 @@ class Evaluator:
         row = {"loss": self.train_loss()}
         last = method.k >= self.steps or (self.max_comm is not None
                                           and method.comm.ledger.cost >= self.max_comm)
-        if method.k % self.eval_every == 0 or last:
+        if (self.eval_every and method.k % self.eval_every == 0) or last:
             row.update(self.test_scores())
         return row
 
@@ -159,7 +169,8 @@ def _subset(n: int, size: int | None, seed: int) -> Tensor:
 
 
 def make_model(t: DictConfig, batch_size: int) -> Airbench94:
-    return Airbench94(ghost_batch=batch_size, bn_weight_trainable=t.bn_weight_trainable,
+    return Airbench94(widths=tuple(t.get("widths") or (64, 256, 256)), ghost_batch=batch_size,
+                      bn_weight_trainable=t.bn_weight_trainable,
                       whiten_bias_trainable=t.whiten_bias_trainable)
 
 
@@ -168,13 +179,21 @@ def load_data(cfg: DictConfig) -> Cifar:
                         download=cfg.task.download)
 
 
+def check(cfg: DictConfig) -> None:
+    """The CNN task's own checks (before any data is loaded)."""
+    if cfg.eval_every < 0 or (cfg.eval_every and (not cfg.log_every or cfg.eval_every % cfg.log_every)):
+        raise ValueError(f"eval_every ({cfg.eval_every}) must be 0 (only at the end) or a multiple "
+                         f"of log_every ({cfg.log_every}): test metrics are computed on logged rows")
+    widths = list(cfg.task.get("widths") or [])
+    if len(widths) != 3 or any(int(w) != w or w < 1 for w in widths):
+        raise ValueError(f"task.widths must be three positive channel counts, got {widths}")
+
+
 def build(cfg: DictConfig, compressor, data: Cifar | None = None):
     """The simulated method, the evaluation closure and what the summary records for CIFAR-10.
     ``data`` replaces the dataset (tests pass a tiny synthetic one)."""
     t = cfg.task
-    if cfg.eval_every < 1 or cfg.eval_every % cfg.log_every:
-        raise ValueError(f"eval_every ({cfg.eval_every}) must be a multiple of log_every "
-                         f"({cfg.log_every}): test metrics are computed on logged rows only")
+    check(cfg)
     device = pick_device(cfg.device)
     data = data if data is not None else load_data(cfg)
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
@@ -199,6 +218,7 @@ def build(cfg: DictConfig, compressor, data: Cifar | None = None):
     rules = [tuple(r) for r in (t.lmo_rules or [])]
     method = simulate_module(cfg.method.name, model, oracles, compressor=compressor,
                              lmo_rules=rules, lmo_default=t.lmo_default, ns_steps=t.ns_steps,
+                             head_scale=t.get("head_scale", 16.0),
                              seed=cfg.seed, **method_hparams(cfg.method))
 
     ev_train = used[_subset(len(used), t.eval_train, t.split_seed + 1)]

@@ -23,6 +23,10 @@ def validate(cfg: DictConfig):
         raise ValueError(f"batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.steps < 0:
         raise ValueError(f"steps must be >= 0, got {cfg.steps}")
+    if (cfg.log_every or 0) < 0 or (cfg.get("log_comm") or 0) < 0:
+        raise ValueError("log_every and log_comm must be >= 0")
+    if not cfg.log_every and not cfg.get("log_comm"):
+        raise ValueError("set log_every (steps) or log_comm (uplink units) > 0: nothing would be logged")
     compressor = build_compressor(cfg.compressor)
     resolve_method(cfg.method.name, compressor, method_hparams(cfg.method))
     return compressor

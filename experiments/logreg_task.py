@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ from sklearn.datasets import load_svmlight_file
 from torch import Tensor
 
 from gluon.worker import Oracle
+
+from .atomic import atomic_write_text
 
 N_FEATURES = 123
 
@@ -137,15 +140,25 @@ def solve_f_star(A: Tensor, b: Tensor, l2: float, tol: float = 1e-10, max_iter: 
 
 
 def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
-    """f* computed once per (dataset, l2, split) and cached as JSON beside the results."""
+    """f* computed once per (dataset, l2, split) and cached as JSON beside the results.
+
+    The jobs of a sweep or SLURM array may all compute it at once on a fresh checkout: the file
+    is written atomically (a private temporary file, then a rename; experiments.atomic), so a
+    reader never sees half of it. A cache that cannot be parsed (left truncated by an older
+    version) is a miss: f* is recomputed and the file rewritten.
+    """
+    cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     name = "fstar-" + "-".join(f"{k}={v}" for k, v in sorted(key.items())) + ".json"
     path = cache / name
-    if path.exists():
+    try:
         return json.loads(path.read_text())
+    except FileNotFoundError:
+        pass
+    except (ValueError, UnicodeDecodeError) as err:
+        warnings.warn(f"ignoring unreadable f* cache {path} ({err}); recomputing it",
+                      RuntimeWarning, stacklevel=2)
     info, _ = solve_f_star(A, b, l2)
     info.update(key)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(info, indent=2))
     return info

@@ -89,7 +89,8 @@ def execute(cfg: DictConfig, run_dir: str | Path, build: Callable) -> dict:
 
         try:
             status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=evaluate,
-                           on_log=log.log, on_step=on_step, max_comm=cfg.get("max_comm"))
+                           on_log=log.log, on_step=on_step, max_comm=cfg.get("max_comm"),
+                           log_comm=cfg.get("log_comm"))
         except Exception:
             if interrupted:               # e.g. submitit: "timed-out too many times"
                 log.abort()

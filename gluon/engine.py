@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .comm import InProcessComm
 from .compressors import Compressor
-from .lmo import assign_lmos
+from .lmo import SCION_HEAD_SCALE, assign_lmos
 from .methods import Method, make_method
 from .worker import Oracle, Worker
 
@@ -25,10 +25,13 @@ def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *
 
 def simulate_module(method: str, model: nn.Module, oracles: Sequence[Oracle], *,
                     compressor: Compressor, lmo_rules=None, lmo_default: str = "scion",
-                    ns_steps: int = 5, seed: int = 0, **hparams) -> Method:
-    """As :func:`simulate` for a ``torch.nn.Module``: LMOs assigned by name and shape."""
+                    ns_steps: int = 5, head_scale: float = SCION_HEAD_SCALE, seed: int = 0,
+                    **hparams) -> Method:
+    """As :func:`simulate` for a ``torch.nn.Module``: LMOs assigned by name and shape
+    (:func:`gluon.lmo.assign_lmos`; the head's radius is ``head_scale`` times lr)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    blocks = assign_lmos([(n, p.shape) for n, p in named], lmo_rules, lmo_default, ns_steps)
+    blocks = assign_lmos([(n, p.shape) for n, p in named], lmo_rules, lmo_default, ns_steps,
+                         head_scale)
     return simulate(method, [p.data for _, p in named], oracles, compressor=compressor,
                     blocks=blocks, seed=seed, **hparams)
 
@@ -37,18 +40,26 @@ def is_finite(params: Sequence[Tensor]) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in params)
 
 
-def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Method], dict],
+def train(method: Method, steps: int, *, log_every: int | None,
+          evaluate: Callable[[Method], dict],
           on_log: Callable[[dict], None] = lambda row: None,
           on_step: Callable[[Method], None] = lambda m: None,
-          max_comm: float | None = None) -> str:
+          max_comm: float | None = None, log_comm: float | None = None) -> str:
     """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``), or until
     its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget).
 
-    Logs a row {step, comm, bytes, **evaluate(method)} at step 0, every ``log_every`` steps and
-    at the end. Returns "ok", or "diverged" at the first logged row whose parameters or values
-    are not finite (checked at logging steps only, so the check costs nothing in between; the
-    run is then recorded, not crashed).
+    Logs a row {step, comm, bytes, **evaluate(method)} at step 0, at the end, every
+    ``log_every`` steps (0 or None: never by step count) and, with ``log_comm``, at the first
+    step whose uplink crosses each multiple of ``log_comm`` (rows aligned on communication, so
+    every method is looked at equally often per unit of uplink, however much its steps cost).
+    Returns "ok", or "diverged" at the first logged row whose parameters or values are not
+    finite (checked at logging steps only, so the check costs nothing in between; the run is
+    then recorded, not crashed).
     """
+    if not log_every and not log_comm:
+        raise ValueError("train needs log_every > 0 or log_comm > 0")
+    if log_comm is not None and not log_comm > 0:
+        raise ValueError(f"log_comm must be > 0, got {log_comm}")
     def log() -> bool:
         row = {"step": method.k, "comm": method.comm.ledger.cost,
                "bytes": method.comm.ledger.bytes}
@@ -64,9 +75,14 @@ def train(method: Method, steps: int, *, log_every: int, evaluate: Callable[[Met
     def done():
         return method.k >= steps or (max_comm is not None and method.comm.ledger.cost >= max_comm)
 
+    def crossed(before: float) -> bool:   # stateless, so a resumed run logs the same rows
+        return bool(log_comm) and (math.floor(method.comm.ledger.cost / log_comm)
+                                   > math.floor(before / log_comm))
+
     while not done():
+        before = method.comm.ledger.cost
         method.step()
-        if method.k % log_every == 0 or done():
+        if (log_every and method.k % log_every == 0) or crossed(before) or done():
             if not log():
                 return "diverged"
         on_step(method)

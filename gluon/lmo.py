@@ -4,8 +4,10 @@
 X <- X + radius * D. ``dual_norm(M)`` is ||M||_*, with <M, lmo(M)> = -||M||_* for the exact
 LMOs; tests check both.
 
-The norms follow Scion (Pethick et al. 2025): a spectral LMO scaled by sqrt(d_out/d_in) for
-hidden matrices, a sign LMO scaled by 1/d_in for the head, an RMS-normalised LMO for biases.
+The norms follow Scion (Pethick et al. 2025; LIONS-EPFL/scion, ``scion.py`` and
+``examples/airbench``): a spectral LMO scaled by sqrt(d_out/d_in) for hidden matrices and by
+sqrt(c_out/c_in)/(kh*kw) for conv kernels (Scion's ``SpectralConv``), a sign LMO scaled by 1/d_in
+for the head (Scion's ``Sign(normalized=True)``), an RMS-normalised LMO for biases (``BiasRMS``).
 The scales are part of the norm's definition; ``scale=False`` gives the plain unit ball.
 """
 from __future__ import annotations
@@ -97,11 +99,22 @@ def newton_schulz(m: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
     return out.T if transpose else out
 
 
+def spectral_scale(shape) -> float:
+    """Scion's factor for a spectral step: sqrt(d_out/d_in) for a matrix (d_out x d_in),
+    sqrt(c_out/c_in)/(kh*kw) for a conv kernel (c_out, c_in, kh, kw)."""
+    if len(shape) > 2:
+        taps = math.prod(shape[2:])
+        return math.sqrt(shape[0] / shape[1]) / taps
+    return math.sqrt(shape[0] / math.prod(shape[1:]))
+
+
 class Spectral(LMO):
     """Spectral-norm ball: D = -U V^T (exact SVD, or ``ns_steps`` Newton-Schulz steps).
 
-    Conv kernels are flattened to out x (in*kh*kw). With ``scale`` the step is multiplied by
-    sqrt(d_out/d_in) as in Scion, so that the RMS->RMS operator norm is the one bounded.
+    Conv kernels are flattened to out x (in*kh*kw). With ``scale`` the step is multiplied as in
+    Scion: by sqrt(d_out/d_in) for a matrix (the RMS->RMS operator norm is the one bounded) and
+    by sqrt(c_out/c_in)/(kh*kw) for a conv kernel (Scion's ``SpectralConv``: each of the kh*kw
+    taps is an RMS->RMS map and their outputs add up).
     """
     name = "spectral"
 
@@ -118,7 +131,7 @@ class Spectral(LMO):
             polar = u @ vh
         d = -polar
         if self.scale:
-            d = d * math.sqrt(mat.shape[0] / mat.shape[1])
+            d = d * spectral_scale(m.shape)
         return d.reshape(m.shape)
 
     def __repr__(self):
@@ -142,16 +155,23 @@ class Block:
     scale: float = 1.0
 
 
+# Scion's airbench configuration (LIONS-EPFL/scion, examples/airbench): one radius for the convs
+# and the BatchNorm biases, 16 times that radius for the Sign head.
+SCION_HEAD_SCALE = 16.0
+
+
 def assign_lmos(named_shapes: Sequence[tuple[str, torch.Size]],
                 rules: Sequence[tuple[str, str, float]] | None = None,
-                default: str = "scion", ns_steps: int = 5) -> list[Block]:
+                default: str = "scion", ns_steps: int = 5,
+                head_scale: float = SCION_HEAD_SCALE) -> list[Block]:
     """Give every parameter a block (LMO + radius scale).
 
     ``rules`` are (regex on the parameter name, LMO name, radius scale), first match wins,
     and override the default rule. Default rules:
 
-    * ``"scion"``: matrices and conv kernels -> spectral, the last matrix (the head) -> sign,
-      vectors (biases, norm weights) -> rms. The CNN experiment's choice.
+    * ``"scion"``: matrices and conv kernels -> spectral, the last matrix (the head) -> sign
+      with radius scale ``head_scale`` (16, Scion's airbench), vectors (biases, norm weights)
+      -> rms. The CNN experiment's choice.
     * ``"euclidean"``: every block l2 (the logistic-regression experiment).
     """
     if default not in ("scion", "euclidean"):
@@ -172,7 +192,8 @@ def assign_lmos(named_shapes: Sequence[tuple[str, torch.Size]],
             elif len(shape) < 2:
                 lmo = RMS()
             elif i == head:
-                lmo = Sign()
+                blocks.append(Block(name, Sign(), float(head_scale)))
+                continue
             else:
                 lmo = Spectral(ns_steps=ns_steps)
             blocks.append(Block(name, lmo))

@@ -56,12 +56,16 @@ class Method:
 
     name = "method"
     needs = "any"  # which compressors the theory allows: "unbiased", "contraction" or "any"
+    # Whether the 1/B trick (``scale_by_B``) is consistent with the method at all. The default
+    # of the switch is per method name, in ``METHODS_DEFAULTS`` (on for alg1 and alg2 only).
+    allows_scale_by_B = True
 
     def __init__(self, params: Sequence[Tensor], workers: Sequence[Worker], comm: Comm,
                  update, compressor: Compressor, *, lr: float, beta: float = 0.9,
-                 q: float = 1.0, B: int = 1, scale_by_B: bool = True, seed: int = 0):
+                 q: float = 1.0, B: int = 1, scale_by_B: bool = False, seed: int = 0):
         check_hparams(lr=lr, beta=beta, q=q, B=B)
         _check_kind(self, compressor)
+        _check_scale_by_B(self.name, type(self), scale_by_B)
         self.params = list(params)
         self.workers = list(workers)
         if [w.rank for w in self.workers] != list(comm.local_workers):
@@ -99,8 +103,15 @@ class Method:
         return w.oracle.grad(self.params, w.sample(self.B))
 
     def delta(self, w: Worker) -> list[Tensor]:
-        """Delta^{tau,k} on one fresh minibatch; scaled by 1/B when u^k = 0 and the switch is on
-        (the paper's empirical trick, Section 6.1)."""
+        """Delta^{tau,k} on one fresh minibatch; scaled by 1/B when u^k = 0 and the switch is on.
+
+        The paper's empirical trick (Section 6.1) scales y by 1/B for Alg. 1 and 2; scaling the
+        compressor's input instead is the same for any positively homogeneous compressor
+        (C(a x) = a C(x), a > 0: identity, RandK, TopK, zero, qsgd). For Alg. 2 too: e restarts
+        at 0 on every sync and every step in between is scaled by the same 1/B, so e is 1/B
+        times the unscaled memory and C(Delta/B + e) = C(Delta + e_unscaled)/B (a test checks
+        it). Default per method name (``METHODS_DEFAULTS``): on for alg1 and alg2 only.
+        """
         d = w.oracle.grad_diff(self.params, self.prev, w.sample(1))
         if self.scale_by_B and not self.u and self.B > 1:
             d = [x / self.B for x in d]
@@ -206,9 +217,15 @@ class Alg3(Method):
 
 
 class Alg4(Method):
-    """Compressed Gluon with error feedback and MVR, contraction C (Algorithm 4)."""
+    """Compressed Gluon with error feedback and MVR, contraction C (Algorithm 4).
+
+    No 1/B trick: e would collect 1/B-scaled Deltas on u = 0 steps while the flush (u = 1)
+    sends e + Delta with Delta unscaled, so the sum of the y's would no longer be the sum of
+    the Deltas between two flushes. ``scale_by_B=True`` is refused.
+    """
     name = "alg4"
     needs = "contraction"
+    allows_scale_by_B = False
 
     def _direction(self):
         msgs = []
@@ -239,7 +256,6 @@ class VRMarina(Alg1):
     name = "vr_marina"
 
     def __init__(self, *args, full: bool = True, **kw):
-        kw.setdefault("scale_by_B", False)
         super().__init__(*args, **kw)
         self.full = bool(full)
 
@@ -295,6 +311,13 @@ def _check_kind(method, c: Compressor):
                          f"got {c.name!r}")
 
 
+def _check_scale_by_B(name: str, cls, scale_by_B) -> None:
+    if scale_by_B and not cls.allows_scale_by_B:
+        raise ValueError(f"method {name!r} (Alg. 4) cannot use scale_by_B = true: its error "
+                         f"memory would hold 1/B-scaled Deltas while the flush (u = 1) sends "
+                         f"e + Delta unscaled. The paper uses the 1/B trick for Alg. 1 and 2 only")
+
+
 def check_hparams(*, lr=None, beta=None, q=None, B=None):
     """Reject bad hyperparameters before any compute."""
     if lr is not None and not lr > 0:
@@ -308,6 +331,7 @@ def check_hparams(*, lr=None, beta=None, q=None, B=None):
 
 
 # name -> (class, fixed settings, settings the user may set)
+# The defaults of settings the user may set are the class's, except those in METHODS_DEFAULTS.
 METHODS = {
     "alg1": (Alg1, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
     "alg2": (Alg2, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
@@ -321,6 +345,14 @@ METHODS = {
     "vr_gluon": (Alg1, {"compressor": "identity"}, {"q", "B", "beta", "lr", "scale_by_B"}),
 }
 
+# name -> defaults that differ per name (applied by resolve_method when the user sets nothing).
+# scale_by_B, the paper's 1/B trick (Section 6.1: "we empirically improve Algorithms 1 and 2 by
+# scaling y by 1/B when u^k = 0"): on for alg1 and alg2 only. Every other name that takes it
+# (alg3, vr_gluon, local_gluon, vr_marina) defaults to off, where turning it on is an extension
+# beyond the paper; alg4 and local_gluon_ecmvr refuse it (see Alg4).
+METHODS_DEFAULTS = {name: {"scale_by_B": name in ("alg1", "alg2")}
+                    for name, (_, _, allowed) in METHODS.items() if "scale_by_B" in allowed}
+
 
 def method_spec(name: str):
     if name not in METHODS:
@@ -333,7 +365,8 @@ def resolve_method(name: str, compressor: Compressor, hparams: dict):
 
     Returns (class, hyperparameters, update kind). Settings that a method fixes (gluon: q = 1,
     B = 1, identity compressor) are applied here; setting them to something else is an error,
-    not silently ignored. Experiments call this before loading any data.
+    not silently ignored. Per-name defaults (``METHODS_DEFAULTS``: scale_by_B on for alg1 and
+    alg2 only) fill settings left unset. Experiments call this before loading any data.
     """
     cls, fixed, allowed = method_spec(name)
     hparams = {k: v for k, v in hparams.items() if v is not None}
@@ -351,6 +384,9 @@ def resolve_method(name: str, compressor: Compressor, hparams: dict):
             raise ValueError(f"method {name!r} fixes {key} = {value}; got {hparams[key]}")
         else:
             hparams[key] = value
+    for key, value in METHODS_DEFAULTS.get(name, {}).items():
+        hparams.setdefault(key, value)
+    _check_scale_by_B(name, cls, hparams.get("scale_by_B", False))
     if name == "vr_gluon":   # Section 2.2: uncompressed with q * B = 1
         q = hparams.get("q", 1.0)
         check_hparams(q=q)

@@ -94,16 +94,19 @@ def test_sign_scale_divides_by_row_length():
     assert torch.equal(Sign(scale=True)(v), -torch.sign(v))
 
 
-@pytest.mark.parametrize("shape", [(4, 9), (9, 4), (8, 3, 3, 3)])
-def test_spectral_scale_is_sqrt_dout_over_din(shape):
+# Scion (LIONS-EPFL/scion): Spectral scales a d_out x d_in matrix by sqrt(d_out/d_in);
+# SpectralConv scales a (c_out, c_in, k, k) kernel by sqrt(c_out/c_in)/k^2.
+@pytest.mark.parametrize("shape,factor", [((4, 9), math.sqrt(4 / 9)), ((9, 4), math.sqrt(9 / 4)),
+                                          ((8, 3, 3, 3), math.sqrt(8 / 3) / 9),
+                                          ((6, 4, 2, 2), math.sqrt(6 / 4) / 4)])
+def test_spectral_scale_follows_scion(shape, factor):
     m = _m(shape, 5)
-    rows, cols = shape[0], math.prod(shape[1:])
     plain = Spectral(ns_steps=0, scale=False)(m)
     scaled = Spectral(ns_steps=0, scale=True)(m)
-    assert torch.allclose(scaled, plain * math.sqrt(rows / cols), atol=1e-12)
+    assert torch.allclose(scaled, plain * factor, atol=1e-12)
     ns_plain = Spectral(ns_steps=5, scale=False)(m)
     ns_scaled = Spectral(ns_steps=5, scale=True)(m)
-    assert torch.allclose(ns_scaled, ns_plain * math.sqrt(rows / cols), atol=1e-6)
+    assert torch.allclose(ns_scaled, ns_plain * factor, atol=1e-6)
 
 
 # ---------------------------------------------------------------- Newton-Schulz
@@ -190,7 +193,9 @@ def test_assign_lmos_scion_default():
     for n in ("conv1.bias", "bn1.weight", "fc.bias", "head.bias"):
         assert kinds[n] is RMS
     assert all(b.lmo.ns_steps == 3 for b in blocks if isinstance(b.lmo, Spectral))
-    assert all(b.scale == 1.0 for b in blocks)
+    # Scion's airbench radii: the head's is 16 times the others'
+    assert all(b.scale == (16.0 if b.name == "head.weight" else 1.0) for b in blocks)
+    assert all(b.scale == 1.0 for b in assign_lmos(NAMED, head_scale=1.0))
 
 
 def test_assign_lmos_euclidean_default():

@@ -1,25 +1,33 @@
 """Property tests of gluon.methods and gluon.engine on small synthetic least-squares problems.
 
 Identities checked step by step (docs/algorithms.md sections 4 and 5): the error-feedback recursion of
-Alg. 2, Alg. 1 (q = 1, B = 1, identity) = Gluon = hand-written normalised SGD with momentum,
-Alg. 1 with radius gamma ||M|| = VR-MARINA, Alg. 2 / Alg. 4 with the identity compressor =
-Alg. 1 / Alg. 3, and the MVR estimator of Alg. 3 / Alg. 4 tracking the exact gradient on a
-deterministic oracle. Then uplink cost accounting, determinism, input validation,
-checkpoint/resume and divergence handling.
+Alg. 2, Alg. 4's flush (the y's between two flushes add up to the Deltas), EF21-Muon's server
+estimate = mean of the workers' G (= their momenta with the identity compressor), Alg. 1
+(q = 1, B = 1, identity) = Gluon = hand-written normalised SGD with momentum, Alg. 1 with
+radius gamma ||M|| = VR-MARINA, Alg. 2 / Alg. 4 with the identity compressor = Alg. 1 / Alg. 3,
+the MVR estimator of Alg. 3 / Alg. 4 tracking the exact gradient on a deterministic oracle, and
+the 1/B trick (per-method defaults; scaling Delta before compression = scaling y after it for
+Alg. 2). Then uplink cost accounting, determinism, input validation, checkpoint/resume and
+divergence handling.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from gluon.comm import InProcessComm
 from gluon.compressors import Identity, Natural, QSGD, RandK, TopK, Zero
 from gluon.engine import simulate, train
-from gluon.lmo import Euclidean
-from gluon.methods import Alg1, VRMarina
-from gluon.worker import Oracle
+from gluon.lmo import Block, Euclidean
+from gluon.methods import (METHODS, METHODS_DEFAULTS, Alg1, Alg2, Alg4, LMOUpdate, Method,
+                           VRMarina, resolve_method)
+from gluon.worker import Oracle, Worker
 
 torch.set_num_threads(1)
 
@@ -91,6 +99,16 @@ def build(method, compressor, *, seed=0, problem=None, **hp):
     hp.setdefault("lr", 0.05)
     return simulate(method, [p.clone() for p in params], oracles, compressor=compressor,
                     seed=seed, **hp)
+
+
+def build_class(cls, compressor, *, problem, seed=0, **hp):
+    """A method class built by hand on ``problem``, exactly as simulate() wires its own (same
+    worker data streams and coin for the same seed, Euclidean LMO per block)."""
+    oracles, params = problem
+    comm = InProcessComm(len(oracles), seed=seed)
+    workers = [Worker(r, o, seed) for r, o in enumerate(oracles)]
+    update = LMOUpdate([Block(str(i), Euclidean()) for i in range(len(params))])
+    return cls([p.clone() for p in params], workers, comm, update, compressor, seed=seed, **hp)
 
 
 def snapshot(m):
@@ -211,6 +229,176 @@ def test_alg2_error_feedback_telescopes():
         e = w.state["e"]
         assert any(x.abs().max() > 1e-6 for x in e)        # the error is not trivially zero
         assert_close(sum_y, [a - b for a, b in zip(sum_d, e)], rtol=1e-10, atol=1e-12)
+
+
+def _zeros():
+    return [torch.zeros(s, dtype=torch.float64) for s in SHAPES]
+
+
+def _add(xs, ys):
+    return [a + b for a, b in zip(xs, ys)]
+
+
+# ---------------------------------------------------------------- EF with a flush (Alg. 4)
+
+@pytest.mark.parametrize("name,comp", [("alg4", TopK(0.25)), ("local_gluon_ecmvr", Zero())])
+def test_alg4_flush_sends_the_error_once_and_forgets_it(name, comp):
+    # On a flush (u^k = 1) worker tau sends y = e + Delta uncompressed and sets e <- 0. So per
+    # worker, over the steps after one flush up to and including the next, the y's sent add up
+    # to the Deltas of those steps: nothing is lost, nothing is counted twice.
+    m = build(name, comp, q=0.3, B=2, beta=0.9)
+    deltas, calls = record_deltas(m), record_messages(m)
+    sum_d = [_zeros() for _ in m.workers]
+    sum_y = [_zeros() for _ in m.workers]
+    flushes, error_seen = 0, False
+    for _ in range(40):
+        u = m.u
+        deltas.clear(), calls.clear()
+        m.step()
+        assert len(deltas) == N_WORKERS and len(calls) == (2 if u else 1)
+        for (rank, d), msg in zip(deltas, calls[0]):   # calls[0]: the y's, [1]: the large batch
+            assert rank == msg.worker
+            assert isinstance(msg.compressor, Identity) == u   # the flush is sent uncompressed
+            sum_d[rank], sum_y[rank] = _add(sum_d[rank], d), _add(sum_y[rank], msg.values)
+        if u:
+            flushes += 1
+            for w in m.workers:
+                e = w.state.get("e")
+                assert e is None or all(not x.any() for x in e)      # e = 0 right after a flush
+                assert_close(sum_y[w.rank], sum_d[w.rank], rtol=1e-10, atol=1e-12)
+            sum_d = [_zeros() for _ in m.workers]
+            sum_y = [_zeros() for _ in m.workers]
+        else:
+            error_seen |= any(x.abs().max() > 1e-6 for w in m.workers for x in w.state["e"])
+    assert flushes >= 4 and error_seen     # several stretches, and e had something to flush
+
+
+# ---------------------------------------------------------------- the 1/B trick (Section 6.1)
+
+PAPER_SCALE_BY_B = {"alg1": True, "alg2": True}      # every other name: off by default
+COMPRESSOR_FOR = {"alg1": RandK(0.25), "alg2": TopK(0.25), "alg3": RandK(0.25),
+                  "alg4": TopK(0.25), "gluon": Identity(), "vr_marina": RandK(0.25),
+                  "ef21_muon": TopK(0.25), "local_gluon": Zero(), "local_gluon_ecmvr": Zero(),
+                  "vr_gluon": Identity()}
+REFUSE_SCALE_BY_B = {"alg4", "local_gluon_ecmvr"}
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_scale_by_B_defaults_follow_the_paper(name):
+    # "we empirically improve Algorithms 1 and 2 by scaling y by 1/B when u^k = 0": on by
+    # default for alg1 and alg2 only, whether built by name or resolved from a config.
+    comp, expected = COMPRESSOR_FOR[name], PAPER_SCALE_BY_B.get(name, False)
+    assert build(name, comp).scale_by_B is expected
+    _, hp, _ = resolve_method(name, comp, {"lr": 0.1})
+    assert hp.get("scale_by_B", False) is expected
+    assert METHODS_DEFAULTS.get(name, {}).get("scale_by_B", False) is expected
+    takes_it = "scale_by_B" in METHODS[name][2]
+    if takes_it and name not in REFUSE_SCALE_BY_B:     # the switch stays: it can be turned on
+        assert build(name, comp, scale_by_B=True).scale_by_B is True
+        assert build(name, comp, scale_by_B=False).scale_by_B is False
+
+
+def test_class_default_of_scale_by_B_is_off():
+    # the registry, not the class, turns the trick on (alg1, alg2): a class built by hand
+    # does not silently differ from the paper's other algorithms
+    problem = make_problem()
+    assert build_class(Alg1, RandK(0.25), problem=problem, lr=0.1, q=0.5, B=2).scale_by_B is False
+    assert build_class(Method, Identity(), problem=problem, lr=0.1).scale_by_B is False
+    with pytest.raises(ValueError, match="scale_by_B"):
+        build_class(Alg4, TopK(0.25), problem=problem, lr=0.1, q=0.5, B=2, scale_by_B=True)
+    assert all(o.grad_calls == 0 for o in problem[0])
+
+
+METHOD_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", METHOD_CONFIGS, ids=[p.stem for p in METHOD_CONFIGS])
+def test_method_configs_state_the_registry_default_of_scale_by_B(path):
+    cfg = OmegaConf.load(path).method
+    assert cfg.name in METHODS
+    if "scale_by_B" in cfg:
+        assert cfg.scale_by_B is METHODS_DEFAULTS[cfg.name]["scale_by_B"]
+
+
+class Alg2ScaleAfterCompression(Alg2):
+    """Alg. 2 with the 1/B trick as the paper words it: on u = 0 steps y = C(Delta + e) / B is
+    sent and the memory e <- e + Delta - C(Delta + e) keeps unscaled quantities."""
+
+    def delta(self, w):
+        return w.oracle.grad_diff(self.params, self.prev, w.sample(1))     # never scaled
+
+    def send_with_error_feedback(self, w):      # called on u^k = 0 steps only
+        d, e = self.delta(w), w.state.get("e")
+        x = d if e is None else _add(d, e)
+        m = self.send(self.compressor, w, x)
+        w.state["e"] = [a - b for a, b in zip(x, m.values)]
+        if self.scale_by_B:
+            m = dataclasses.replace(m, values=[v / self.B for v in m.values])
+        return m
+
+
+@pytest.mark.parametrize("B", [3, 4])
+@pytest.mark.parametrize("name,comp", [("alg2", TopK(0.25)), ("alg2", Identity()),
+                                       ("local_gluon", Zero())], ids=["topk", "identity", "zero"])
+def test_alg2_scaling_before_compression_equals_scaling_after_for_homogeneous_compressors(
+        name, comp, B):
+    # The code sends C(Delta/B + e) with a scaled memory; the paper scales y = C(Delta + e).
+    # For C(a x) = a C(x) (a > 0) they agree: e restarts at 0 on every sync and every step in
+    # between is scaled by the same 1/B, so by induction e_scaled = e_unscaled / B.
+    problem = make_problem()
+    hp = dict(q=0.25, B=B, beta=0.9, lr=0.05, scale_by_B=True)
+    a = build(name, comp, problem=problem, seed=8, **hp)
+    b = build_class(Alg2ScaleAfterCompression, comp, problem=problem, seed=8, **hp)
+    off = build(name, comp, problem=problem, seed=8, **{**hp, "scale_by_B": False})
+    coins = record_coins(a)
+    trick_matters = error_seen = False
+    for _ in range(40):
+        a.step(), b.step(), off.step()
+        assert_close(a.params, b.params, rtol=1e-12, atol=1e-14)
+        assert_close(a.g, b.g, rtol=1e-12, atol=1e-14)
+        for wa, wb in zip(a.workers, b.workers):
+            ea, eb = wa.state.get("e"), wb.state.get("e")
+            assert (ea is None) == (eb is None)
+            if ea is not None:
+                assert_close(ea, [x / B for x in eb], rtol=1e-12, atol=1e-14)
+                error_seen |= any(x.abs().max() > 1e-6 for x in ea)
+        trick_matters |= not all(torch.equal(x, y) for x, y in zip(a.params, off.params))
+    assert True in coins and False in coins
+    if name == "alg2":          # with C = 0 nothing is sent between syncs: the trick is a no-op
+        assert trick_matters
+    assert error_seen == (not isinstance(comp, Identity))
+
+
+# ---------------------------------------------------------------- EF21-Muon's worker estimates
+
+@pytest.mark.parametrize("comp", [TopK(0.25), Zero(), Identity()], ids=["topk", "zero", "identity"])
+def test_ef21_muon_server_estimate_is_the_mean_of_the_workers_G(comp):
+    # R = C(M - G) is sent and G <- G + R on the worker, g <- g + mean R on the server: at every
+    # step g = mean_tau G_tau, whatever C loses.
+    m = build("ef21_muon", comp, beta=0.9)
+    lossy = False
+    for _ in range(25):
+        m.step()
+        Gs = [w.state["G"] for w in m.workers]
+        assert_close(m.g, [torch.stack(x).mean(0) for x in zip(*Gs)], rtol=1e-10, atol=1e-12)
+        lossy |= any((a - b).abs().max() > 1e-8 for w in m.workers
+                     for a, b in zip(w.state["G"], w.state["M"]))
+    assert lossy == (not isinstance(comp, Identity))
+
+
+def test_ef21_muon_with_identity_is_the_lmo_step_with_the_mean_local_momentum():
+    # C = identity: R = M - G, so G <- G + R = M at every step and the method is the LMO step
+    # with the mean of the workers' local momenta.
+    beta, lr = 0.9, 0.05
+    m = build("ef21_muon", Identity(), beta=beta, lr=lr)
+    for _ in range(25):
+        x = snapshot(m)
+        m.step()
+        for w in m.workers:
+            assert_close(w.state["G"], w.state["M"], rtol=1e-12, atol=1e-14)
+        mean_M = [torch.stack(ms).mean(0) for ms in zip(*(w.state["M"] for w in m.workers))]
+        expected = [xi - lr * mi / mi.norm() for xi, mi in zip(x, mean_M)]   # Euclidean LMO
+        assert_close(m.params, expected, rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------- Gluon = Alg. 1 special case
@@ -443,9 +631,13 @@ def test_vr_gluon_has_B_equal_one_over_q(q, B):
     assert oracles[0].sample_calls == [B if u else 1 for u in us]
 
 
-@pytest.mark.parametrize("name,comp", [("alg1", RandK(0.5)), ("alg2", TopK(0.5)),
-                                       ("alg3", RandK(0.5)), ("alg4", TopK(0.5))])
-@pytest.mark.parametrize("scale", [True, False])
+SWITCH_CASES = [(name, comp, scale) for name, comp in [("alg1", RandK(0.5)), ("alg2", TopK(0.5)),
+                                                      ("alg3", RandK(0.5)), ("alg4", TopK(0.5))]
+                for scale in (True, False) if not (scale and name in REFUSE_SCALE_BY_B)]
+
+
+@pytest.mark.parametrize("name,comp,scale", SWITCH_CASES,
+                         ids=[f"{n}-{'on' if s else 'off'}" for n, _, s in SWITCH_CASES])
 def test_scale_by_B_switch_scales_delta_only_on_compressed_steps(name, comp, scale):
     B = 4
     oracles, params = make_problem()
@@ -514,7 +706,9 @@ BAD = [("adam", Identity(), {}, "unknown method"),
        ("vr_gluon", Identity(), {"q": 0.0}, "1/B"),
        ("vr_gluon", Identity(), {"q": 0.25, "B": 2}, "B"),
        ("ef21_muon", TopK(0.1), {"q": 0.5}, "unexpected"),
-       ("local_gluon", TopK(0.1), {}, "zero")]
+       ("local_gluon", TopK(0.1), {}, "zero"),
+       ("alg4", TopK(0.1), {"scale_by_B": True}, "scale_by_B"),
+       ("local_gluon_ecmvr", Zero(), {"scale_by_B": True}, "scale_by_B")]
 
 
 @pytest.mark.parametrize("name,comp,hp,match", BAD, ids=[f"{b[0]}-{b[1].name}-{b[2]}" for b in BAD])
