@@ -61,7 +61,7 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 	  hydra.run.dir=results/runs/example
 
 tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
-	for m in gluon vr_marina alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) +experiment=tune_fig2/$$m || exit 1; done
+	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) +experiment=tune_fig2/$$m || exit 1; done
 	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
@@ -70,19 +70,20 @@ tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (
 	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
-fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: tuned methods x 3 seeds, curves + reduction table
+fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
 	$(LOGREG_SWEEP) +experiment=fig2_logreg
 	$(PY) -m scripts.fig2 aggregate --task logreg
+	$(PY) -m scripts.fig2 plot
 
 fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (CPU profile without a GPU; CNN_PROFILE=paper|cpu to choose)
 	$(CNN_SWEEP) +experiment=fig2_cnn_$(CNN_PROFILE)
 	$(PY) -m scripts.fig2 aggregate --task cnn --sweep results/sweeps/fig2_cnn_$(CNN_PROFILE)
+	$(PY) -m scripts.fig2 plot
 
 fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
 	$(PY) -m scripts.fig2 plot
 
 fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
-	$(MAKE) fig2-plot
 
 fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
 	$(LOGREG_SWEEP) +experiment=$@

@@ -8,6 +8,7 @@ communication grid.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import warnings
@@ -116,75 +117,68 @@ def log_area(runs: Sequence[Run], key: str, budget: float) -> float:
     return float(np.mean(scores))
 
 
-def first_hit(run: Run, key: str, eps: float) -> float:
-    """Communication at the first logged row with metric <= eps (NaN if never)."""
-    comm, val = run.series(key)
-    hit = np.nonzero(val <= eps)[0]
-    return float(comm[hit[0]]) if hit.size else math.nan
-
-
-def comm_to_reach(runs: Sequence[Run], key: str, eps: float) -> tuple[float, int]:
-    """Mean over seeds of first_hit, and how many seeds reached eps (mean is NaN unless all did)."""
-    hits = [first_hit(r, key, eps) for r in runs]
-    reached = sum(not math.isnan(h) for h in hits)
-    return (float(np.mean(hits)) if reached == len(hits) else math.nan), reached
-
-
-def reduction_table(groups: dict[str, Sequence[Run]], key: str, eps_list: Sequence[float],
-                    baselines: Sequence[str], task: str) -> list[dict]:
-    """For every method and eps: comm to reach eps, and 1 - comm / (best baseline's comm)."""
-    rows = []
-    for eps in eps_list:
-        reach = {m: comm_to_reach(rs, key, eps) for m, rs in groups.items()}
-        base = [reach[b][0] for b in baselines if b in reach and not math.isnan(reach[b][0])]
-        best = min(base) if base else math.nan
-        best_name = next((b for b in baselines if b in reach and reach[b][0] == best), "")
-        for m, (c, n) in reach.items():
-            rows.append({"task": task, "method": m, "eps": eps, "comm": c,
-                         "seeds_reached": n, "seeds": len(groups[m]),
-                         "baseline": best_name, "baseline_comm": best,
-                         "reduction": 1.0 - c / best if best > 0 and not math.isnan(c) else math.nan})
-    return rows
+TABLE_FIELDS = ["task", "method", "metric", "level", "eps", "comm", "seeds_reached", "seeds",
+                "baseline", "baseline_comm", "baseline_censored", "reduction", "ci_low", "ci_high"]
 
 
 def write_table(rows: list[dict], csv_path: Path, md_path: Path | None = None,
                 replace_task: str | None = None) -> None:
-    """Write the table; rows of other tasks already in the CSV are kept (a5a and CNN share it)."""
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the reduction table; rows of other tasks already in the CSV are kept (a5a and CNN
+    share it), so aggregating one panel never drops the other's rows. Both files are replaced
+    atomically (parallel aggregations never see half a file)."""
+    from .atomic import atomic_write_text
+
+    csv_path = Path(csv_path)
     keep = []
     if replace_task and csv_path.exists():
         with open(csv_path) as fh:
-            keep = [r for r in csv.DictReader(fh) if r["task"] != replace_task]
-    fields = ["task", "method", "eps", "comm", "seeds_reached", "seeds", "baseline",
-              "baseline_comm", "reduction"]
-    with open(csv_path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        for r in sorted(keep + rows, key=lambda r: r["task"]):   # stable: a5a, then cnn
-            w.writerow({k: r[k] for k in fields})
+            keep = [r for r in csv.DictReader(fh) if r.get("task") != replace_task]
+    all_rows = sorted(keep + rows, key=lambda r: r["task"])   # stable: a5a, then cnn
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=TABLE_FIELDS, extrasaction="ignore", restval="")
+    w.writeheader()
+    for r in all_rows:
+        w.writerow({k: _csv_value(r.get(k, "")) for k in TABLE_FIELDS})
+    atomic_write_text(csv_path, buf.getvalue())
     if md_path is not None:
-        with open(csv_path) as fh:
-            all_rows = list(csv.DictReader(fh))
-        md_path.write_text(markdown_table(all_rows))
+        atomic_write_text(Path(md_path), markdown_table(list(csv.DictReader(io.StringIO(buf.getvalue())))))
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(v)
+    return v
 
 
 def _fmt(x, pct=False):
     try:
         v = float(x)
     except (TypeError, ValueError):
-        return str(x)
+        return str(x) if x not in ("", None) else "-"
     if math.isnan(v):
-        return "not reached"
+        return "-"
     return f"{100 * v:.0f}%" if pct else f"{v:.4g}"
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| task | method | eps | comm to reach eps | seeds reached | best baseline | reduction |\n"
-    head += "|---|---|---|---|---|---|---|\n"
-    lines = [f"| {r['task']} | {r['method']} | {float(r['eps']):g} | {_fmt(r['comm'])} | "
-             f"{r['seeds_reached']}/{r['seeds']} | {r['baseline']} ({_fmt(r['baseline_comm'])}) | "
-             f"{_fmt(r['reduction'], pct=True) if r['method'] != r['baseline'] else '-'} |"
-             for r in rows]
+    """The reduction table in markdown: the smoothed statistic first, the raw first hit after."""
+    head = ("| task | level | method | metric | uplink to reach (mean) | seeds reached | "
+            "best baseline (its uplink) | reduction [95% CI] |\n|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in sorted(rows, key=lambda r: (r["task"], r["metric"] != "smoothed_first_hit")):
+        level = (f"baseline's final level ({_fmt(r['eps'])})" if r["level"] == "baseline_final"
+                 else f"eps = {float(r['eps']):g}")
+        comm = _fmt(r["comm"]) if r["comm"] not in ("", None) else "not reached"
+        red = "-"
+        if r["method"] != r["baseline"] and r.get("reduction") not in ("", None):
+            red = (f"{_fmt(r['reduction'], pct=True)} [{_fmt(r['ci_low'], pct=True)}, "
+                   f"{_fmt(r['ci_high'], pct=True)}]")
+        base = f"{r['baseline']} ({_fmt(r['baseline_comm'])})" if r["baseline"] else "-"
+        if r.get("baseline_censored") not in ("", None, "0", 0):
+            base += f", {r['baseline_censored']} seeds censored"
+        metric = "smoothed" if r["metric"] == "smoothed_first_hit" else "raw"
+        lines.append(f"| {r['task']} | {level} | {r['method']} | {metric} | {comm} | "
+                     f"{r['seeds_reached']}/{r['seeds']} | {base} | {red} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -215,15 +209,18 @@ def _bytes_at(run: Run, grid: np.ndarray, x: str = "comm") -> np.ndarray:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``rows`` (the union of their keys as columns), replacing ``path`` atomically."""
+    from .atomic import atomic_write_text
+
     if not rows:
-        path.write_text("")
+        atomic_write_text(Path(path), "")
         return
     fields = list(dict.fromkeys(k for r in rows for k in r))   # union, in first-seen order
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(Path(path), buf.getvalue())
 
 
 def _num(v: str):
@@ -236,5 +233,167 @@ def _num(v: str):
 def read_csv(path: Path) -> list[dict]:
     """Rows of a CSV written by :func:`write_csv`, numbers as floats, labels as strings."""
     with open(path) as fh:
-        return [{k: (v if k in ("label", "task", "method", "baseline", "panel", "xaxis")
+        return [{k: (v if k in ("label", "task", "method", "baseline", "panel", "xaxis", "metric", "level")
                      else _num(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+
+# ------------------------------------------------------------------ Figure 2's statistic
+# (docs/statistics.md): trailing geometric-mean smoothing over a window of uplink, first hits of
+# a level, the baseline's final level, and a paired bootstrap over seeds.
+
+def smooth(comm: np.ndarray, val: np.ndarray, width: float) -> np.ndarray:
+    """At every logged row i, the geometric mean of ``val`` over the rows whose uplink lies in
+    the trailing window (comm[i] - width, comm[i]]. Non-positive values count as 1e-300 (a
+    metric at or below zero is "arrived"); a non-finite value makes every window holding it
+    +inf (a diverged run never arrives)."""
+    comm = np.asarray(comm, dtype=float)
+    val = np.asarray(val, dtype=float)
+    logv = np.log(np.where(val > 0, val, 1e-300))
+    logv = np.where(np.isfinite(val), logv, np.inf)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(np.isfinite(logv), logv, 0.0))])
+    cinf = np.concatenate([[0], np.cumsum(~np.isfinite(logv))])
+    start = np.searchsorted(comm, comm - width, side="right")   # first row inside the window
+    end = np.arange(1, len(comm) + 1)
+    n = end - start
+    with np.errstate(invalid="ignore"):
+        mean = (csum[end] - csum[start]) / n
+    return np.where(cinf[end] - cinf[start] > 0, np.inf, np.exp(mean))
+
+
+def hit(comm: np.ndarray, val: np.ndarray, level: float) -> float:
+    """Uplink at the first row with val <= level (NaN if none)."""
+    idx = np.nonzero(np.asarray(val) <= level)[0]
+    return float(comm[idx[0]]) if idx.size else math.nan
+
+
+def run_curve(run: Run, key: str, width: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(comm, metric) of a run, smoothed with a window of ``width`` uplink (None: raw)."""
+    comm, val = run.series(key)
+    if run.status == "diverged":
+        val = np.where(np.isfinite(val), val, np.inf)
+    return comm, (val if width is None else smooth(comm, val, width))
+
+
+def final_level(runs: Sequence[Run], key: str, budget: float, width: float,
+                tail: float = 0.1, points: int = 400) -> float:
+    """The level the smoothed curves hold over the last ``tail`` of the budget: exp of the mean
+    of log(smoothed metric) over seeds and over the grid points in [(1 - tail) budget, budget].
+    NaN if a run stops before the budget."""
+    grid = np.linspace((1 - tail) * budget, budget, points + 1)
+    logs = []
+    for r in runs:
+        comm, sm = run_curve(r, key, width)
+        if comm[-1] < budget * (1 - 1e-9):
+            return math.nan
+        idx = np.searchsorted(comm, grid, side="right") - 1
+        logs.append(np.log(sm[idx]))
+    return float(np.exp(np.mean(logs)))
+
+
+def bootstrap_reduction(c_method: np.ndarray, c_base: np.ndarray, *, resamples: int = 10_000,
+                        confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """1 - mean(c_method) / mean(c_base) and its percentile bootstrap interval; the two arrays
+    are paired by seed (the same resampled indices for both)."""
+    cm, cb = np.asarray(c_method, float), np.asarray(c_base, float)
+    if cm.shape != cb.shape or cm.size == 0:
+        raise ValueError("paired samples of equal, non-zero length needed")
+    point = 1.0 - cm.mean() / cb.mean()
+    idx = np.random.default_rng(seed).integers(0, cm.size, size=(resamples, cm.size))
+    boot = 1.0 - cm[idx].mean(1) / cb[idx].mean(1)
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boot, [a, 1 - a])
+    return float(point), float(lo), float(hi)
+
+
+@dataclass
+class Level:
+    kind: str      # "eps" | "baseline_final"
+    value: float
+
+
+def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequence[float],
+                   baselines: Sequence[str], budget: float, width: float, task: str) -> list[dict]:
+    """The rows of reduction.csv for one panel (docs/statistics.md): every method, both metrics
+    (smoothed and raw first hit), every eps and the best baseline's final level."""
+    finals = {b: final_level(groups[b], key, budget, width) for b in baselines if b in groups}
+    finals = {b: v for b, v in finals.items() if not math.isnan(v)}
+    levels = [Level("eps", float(e)) for e in eps_list]
+    final_base = min(finals, key=finals.get) if finals else None
+    if final_base is not None:
+        levels.append(Level("baseline_final", finals[final_base]))
+    rows = []
+    for metric, w in (("smoothed_first_hit", width), ("raw_first_hit", None)):
+        curves_ = {m: {r.config["seed"]: run_curve(r, key, w) for r in rs} for m, rs in groups.items()}
+        for level in levels:
+            hits = {m: {s: hit(c, v, level.value) for s, (c, v) in cs.items()}
+                    for m, cs in curves_.items()}
+            censored = 0
+            if level.kind == "baseline_final":
+                base = final_base
+                for s, h in hits[base].items():     # censor the baseline at the budget
+                    if math.isnan(h):
+                        hits[base][s] = float(curves_[base][s][0][-1])
+                        censored += 1
+            else:
+                reach = {b: np.mean(list(hits[b].values())) for b in baselines if b in hits
+                         and not any(math.isnan(h) for h in hits[b].values())}
+                base = min(reach, key=reach.get) if reach else None
+            for m in groups:
+                hm = hits[m]
+                reached = sum(not math.isnan(h) for h in hm.values())
+                comm = float(np.mean(list(hm.values()))) if reached == len(hm) else math.nan
+                row = {"task": task, "method": m, "metric": metric, "level": level.kind,
+                       "eps": level.value, "comm": comm, "seeds_reached": reached,
+                       "seeds": len(hm), "baseline": base or "",
+                       "baseline_comm": math.nan, "baseline_censored": censored,
+                       "reduction": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+                if base is not None:
+                    hb = hits[base]
+                    row["baseline_comm"] = float(np.mean(list(hb.values())))
+                    common = sorted(set(hm) & set(hb))
+                    cm = np.array([hm[s] for s in common])
+                    cb = np.array([hb[s] for s in common])
+                    if m != base and common and not np.isnan(cm).any():
+                        row["reduction"], row["ci_low"], row["ci_high"] = bootstrap_reduction(cm, cb)
+                rows.append(row)
+    return rows
+
+
+def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, width: float,
+                    points: int = 400, resamples: int = 2000) -> list[dict]:
+    """Per label and grid point of uplink in [0, budget]: the geometric mean over seeds of the
+    raw metric (``raw``) and of the smoothed curves (``smoothed``), a 95% bootstrap band of the
+    latter over seeds (``ci_low``, ``ci_high``), min and max of the raw metric over seeds, and
+    the mean wire bytes. Grid points past the end of a label's runs are left out."""
+    grid = comm_grid(budget, points)
+    rng = np.random.default_rng(0)
+    out = []
+    for label, runs in groups.items():
+        raw, sm = [], []
+        for r in runs:
+            comm, val = run_curve(r, key, None)
+            idx = np.searchsorted(comm, grid, side="right") - 1
+            past = grid > comm[-1] * (1 + 1e-12)
+            smv = smooth(comm, val, width)
+            raw.append(np.where(past, np.nan, val[np.clip(idx, 0, None)]))
+            sm.append(np.where(past, np.nan, smv[np.clip(idx, 0, None)]))
+        with np.errstate(all="ignore"):
+            lraw = np.log(np.where(np.array(raw) > 0, raw, 1e-300))
+            lsm = np.log(np.where(np.array(sm) > 0, sm, 1e-300))
+        byts = np.stack([_bytes_at(r, grid) for r in runs])
+        boot = rng.integers(0, len(runs), size=(resamples, len(runs)))
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            bands = np.quantile(lsm[boot].mean(1), [0.025, 0.975], axis=0)
+            rmean, smean = lraw.mean(0), lsm.mean(0)
+            rmin, rmax = np.min(raw, 0), np.max(raw, 0)
+            bmean = np.nanmean(byts, 0)
+        for i, c in enumerate(grid):
+            if math.isnan(rmean[i]):
+                continue
+            out.append({"label": label, "comm": float(c), "raw": float(np.exp(rmean[i])),
+                        "raw_min": float(rmin[i]), "raw_max": float(rmax[i]),
+                        "smoothed": float(np.exp(smean[i])),
+                        "ci_low": float(np.exp(bands[0, i])), "ci_high": float(np.exp(bands[1, i])),
+                        "bytes": float(bmean[i]), "seeds": len(runs)})
+    return out

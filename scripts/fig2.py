@@ -1,84 +1,124 @@
 """Figure 2: aggregate the runs of each panel, write the reduction table, draw the figure.
 
-    python -m scripts.fig2 aggregate --task logreg   # results/sweeps/fig2_logreg -> results/fig2/
-    python -m scripts.fig2 aggregate --task cnn      # results/sweeps/fig2_cnn    -> results/fig2/
+    python -m scripts.fig2 aggregate --task logreg   # results/sweeps/fig2_logreg  -> results/fig2/
+    python -m scripts.fig2 aggregate --task cnn      # results/sweeps/fig2_cnn_cpu -> results/fig2/
     python -m scripts.fig2 plot                      # results/fig2/*_curves.csv -> figures/fig2.{png,pdf}
 
-Aggregation writes small CSVs that are committed (per-method curves over seeds), so ``plot``
-redraws the figure without any run directory.
+Aggregation writes small CSVs that are committed (per-method curves over seeds, the reduction
+table), so ``plot`` redraws the figure without any run directory. The statistic (smoothed first
+hit of a level, the baseline's final level, paired bootstrap over seeds) is defined in
+docs/statistics.md; a panel's aggregation keeps the other panel's rows of reduction.csv.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
-from experiments.analysis import (curves, group_runs, load_runs, read_csv, reduction_table,
-                                  write_csv, write_table)
+import numpy as np
+
+from experiments.analysis import (group_runs, load_runs, read_csv, reduction_rows,
+                                  smoothed_curves, write_csv, write_table)
+from experiments.atomic import atomic_write_text
 
 OUT = Path("results/fig2")
 FIG = Path("figures")
-# Per panel: sweep folder, tracked metric, tolerances eps of the reduction table, baselines.
+# Per panel: sweep folder, tracked metric, uplink budget (dense gradients per worker), smoothing
+# window (5% of the budget), the fixed tolerances and the baselines (docs/statistics.md).
 TASKS = {
     "logreg": {"sweep": "results/sweeps/fig2_logreg", "metric": "gap", "table_task": "a5a",
-               "eps": [3e-2, 1e-2, 5e-3, 3e-3], "baselines": ["gluon", "vr_marina"],
+               "budget": 1000, "window": 50, "eps": [3e-2, 1e-2, 5e-3, 3e-3],
+               "baselines": ["gluon", "vr_marina", "ef21_muon"],
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
     "cnn": {"sweep": "results/sweeps/fig2_cnn_cpu", "metric": "loss", "table_task": "cnn",
-            "eps": [2.2, 2.1, 2.0, 1.9], "baselines": ["gluon"],
-            "ylabel": "training loss", "title": "CNN, {data}, {steps} steps", "xscale": "log"},
+            "budget": 500, "window": 25, "eps": [2.0, 1.6, 1.4, 1.2],
+            "baselines": ["gluon", "ef21_muon"],
+            "ylabel": "training loss (512 fixed training images)",
+            "title": "CNN: airbench94{widths}, {data}"},
 }
 LABELS = {"gluon": "Gluon, q = 1 (baseline)", "vr_marina": "VR-MARINA (baseline)",
+          "ef21_muon": "EF21-Muon, TopK (baseline)",
           "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)", "alg3": "Alg. 3 (RandK, MVR)",
-          "alg4": "Alg. 4 (TopK, EF + MVR)", "ef21_muon": "EF21-Muon (TopK)"}
+          "alg4": "Alg. 4 (TopK, EF + MVR)"}
 ORDER = ["gluon", "vr_marina", "ef21_muon", "alg1", "alg2", "alg3", "alg4"]
+PAPER_1B = {"alg1", "alg2"}   # the methods the paper applies the 1/B trick to (Sec. 6.1)
+
+
+def _order(m: str) -> int:
+    return ORDER.index(m) if m in ORDER else 99
+
+
+def label(method: str, settings: dict | None = None) -> str:
+    """Legend text; a use of the 1/B trick beyond the paper's Alg. 1-2 is marked an extension."""
+    text = LABELS.get(method, method)
+    cfg = (settings or {}).get("method", {})
+    if cfg.get("scale_by_B") and method not in PAPER_1B:
+        text += " [1/B trick: extension]"
+    return text
 
 
 def aggregate(task: str, sweep: str | None = None) -> None:
     spec = TASKS[task]
-    runs = load_runs(sweep or spec["sweep"])
+    root = sweep or spec["sweep"]
+    runs = load_runs(root)
     if not runs:
-        raise SystemExit(f"no finished runs under {sweep or spec['sweep']}; run `make fig2-{task}`")
+        raise SystemExit(f"no finished runs under {root}; run `make fig2-{task}`")
     by_method: dict[str, list] = {}
     for group in group_runs(runs).values():
         name = group[0].config["method"]["name"]
         if name in by_method:
-            raise SystemExit(f"two different {name} settings under {spec['sweep']}: "
+            raise SystemExit(f"two different {name} settings under {root}: "
                              "remove the stale runs (make clean) and rerun")
-        by_method[name] = group
-    # The x range: the common budget when runs stop at one (a5a), else the longest run (each
-    # curve ends where its runs end).
-    budget = max(r.config.get("max_comm") or r.rows[-1]["comm"] for r in runs)
-    write_csv(curves(by_method, spec["metric"], budget), OUT / f"{task}_curves.csv")
-    rows = reduction_table(by_method, spec["metric"], spec["eps"], spec["baselines"],
-                           spec["table_task"])
+        by_method[name] = sorted(group, key=lambda r: r.config["seed"])
+    by_method = dict(sorted(by_method.items(), key=lambda kv: _order(kv[0])))
+    budget = float(runs[0].config.get("max_comm") or spec["budget"])
+    write_csv(smoothed_curves(by_method, spec["metric"], budget, spec["window"]),
+              OUT / f"{task}_curves.csv")
+    rows = reduction_rows(by_method, spec["metric"], eps_list=spec["eps"],
+                          baselines=spec["baselines"], budget=budget, width=spec["window"],
+                          task=spec["table_task"])
     write_table(rows, OUT / "reduction.csv", OUT / "reduction.md", replace_task=spec["table_task"])
     settings = {m: {"method": g[0].config["method"], "compressor": g[0].config["compressor"],
-                    "seeds": sorted(r.config["seed"] for r in g),
+                    "seeds": [r.config["seed"] for r in g],
                     "status": sorted(r.status for r in g),
-                    "wall_time_s": sum(r.summary["wall_time"] for r in g),
-                    "steps": g[0].config.get("steps"),
-                    "data": g[0].summary.get("data", "")}
+                    "steps_cap": g[0].config.get("steps"),
+                    "budget": budget, "window": spec["window"],
+                    "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
+                    "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1),
+                    "data": g[0].summary.get("data", ""),
+                    "widths": (g[0].config.get("task") or {}).get("widths"),
+                    "n_params": g[0].summary.get("n_params")}
                 for m, g in by_method.items()}
-    (OUT / f"{task}_settings.json").write_text(json.dumps(settings, indent=2))
-    (OUT / f"{task}_final.md").write_text(final_table(by_method, spec["metric"]))
+    atomic_write_text(OUT / f"{task}_settings.json", json.dumps(settings, indent=2) + "\n")
+    atomic_write_text(OUT / f"{task}_final.md", final_table(by_method, spec["metric"]))
     print((OUT / "reduction.md").read_text())
     print((OUT / f"{task}_final.md").read_text())
 
 
 def final_table(by_method: dict, metric: str) -> str:
     """Last logged values per method: mean +- std over seeds (and test accuracy if logged)."""
-    import numpy as np
-    lines = [f"| method | seeds | final {metric} | final test accuracy | uplink at the end |",
-             "|---|---|---|---|---|"]
-    for m in sorted(by_method, key=lambda m: ORDER.index(m) if m in ORDER else 99):
+    lines = [f"| method | seeds | final {metric} | final test accuracy | test images | "
+             "uplink at the end | steps |", "|---|---|---|---|---|---|---|"]
+    for m in sorted(by_method, key=_order):
         last = [r.rows[-1] for r in by_method[m]]
-        acc = [[x for x in r.rows if "test_acc" in x][-1]["test_acc"] for r in by_method[m]
-               if any("test_acc" in x for x in r.rows)]
+        acc = [r.summary.get("final", {}).get("test_acc") for r in by_method[m]]
+        acc = [a for a in acc if a is not None]
+        n_test = by_method[m][0].summary.get("eval", {}).get("test_images", "-")
         val = np.array([x[metric] for x in last])
         acc_s = f"{100 * np.mean(acc):.1f}% +- {100 * np.std(acc):.1f}" if acc else "-"
         lines.append(f"| {m} | {len(last)} | {val.mean():.4g} +- {val.std():.2g} | {acc_s} | "
-                     f"{np.mean([x['comm'] for x in last]):.1f} |")
+                     f"{n_test if acc else '-'} | {np.mean([x['comm'] for x in last]):.1f} | "
+                     f"{np.mean([x['step'] for x in last]):.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _title(spec: dict, settings: dict) -> str:
+    info = next(iter(settings.values()), {})
+    widths = info.get("widths")
+    w = "" if not widths or list(widths) == [64, 256, 256] else \
+        f" at widths {'/'.join(map(str, widths))} (CPU profile)"
+    return spec["title"].format(widths=w, data=info.get("data") or "CIFAR-10")
 
 
 def plot(out: Path = FIG) -> None:
@@ -86,13 +126,12 @@ def plot(out: Path = FIG) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, (task, spec) in zip(axes, TASKS.items()):
         path = OUT / f"{task}_curves.csv"
         meta = OUT / f"{task}_settings.json"
-        info = next(iter(json.loads(meta.read_text()).values()), {}) if meta.exists() else {}
-        ax.set_title(spec["title"].format(data=info.get("data") or "CIFAR-10",
-                                          steps=info.get("steps", "?")))
+        settings = json.loads(meta.read_text()) if meta.exists() else {}
+        ax.set_title(_title(spec, settings), fontsize=10)
         ax.set_xlabel("uplink communication per worker (dense gradients)")
         ax.set_ylabel(spec["ylabel"])
         if not path.exists():
@@ -100,19 +139,25 @@ def plot(out: Path = FIG) -> None:
                     transform=ax.transAxes)
             continue
         rows = read_csv(path)
-        labels = sorted({r["label"] for r in rows}, key=lambda m: ORDER.index(m) if m in ORDER else 99)
-        for m in labels:
+        for m in sorted({r["label"] for r in rows}, key=_order):
             rs = [r for r in rows if r["label"] == m]
             x = [r["comm"] for r in rs]
             ls = "--" if m in spec["baselines"] else "-"
-            (line,) = ax.plot(x, [r["mean"] for r in rs], ls, label=f"{LABELS.get(m, m)}")
-            ax.fill_between(x, [r["min"] for r in rs], [r["max"] for r in rs],
+            (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.6,
+                              label=label(m, settings.get(m)))
+            ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
                             color=line.get_color(), alpha=0.2, lw=0)
+            ax.plot(x, [r["raw"] for r in rs], "-", lw=0.5, alpha=0.35, color=line.get_color())
+            end = settings.get(m, {})
+            if end.get("end_comm", math.inf) < 0.99 * end.get("budget", 0):
+                ax.plot([x[-1]], [rs[-1]["smoothed"]], "|", ms=10, color=line.get_color())
         ax.set_yscale("log")
-        ax.set_xscale(spec.get("xscale", "linear"))
         ax.grid(True, which="both", alpha=0.3)
         seeds = int(rows[0]["seeds"])
-        ax.legend(fontsize=8, title=f"mean, band = min-max over {seeds} seeds", title_fontsize=7)
+        window = next(iter(settings.values()), {}).get("window", spec["window"])
+        ax.legend(fontsize=7.5, title_fontsize=7,
+                  title=f"geometric mean of {seeds} seeds, trailing {window:g}-unit window; band: "
+                        f"95% bootstrap CI;\nthin: unsmoothed; | : the run's iteration cap")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     for ext in ("png", "pdf"):

@@ -5,7 +5,8 @@
 Criterion (stated in every file written): the mean over seeds of the average of log10(metric)
 over the communication range [0, budget], i.e. the area under the log curve against uplink
 cost. It rewards fast early progress and a low final level alike; a diverged run, or one
-that stops before the budget, scores +inf. One config per method name is written to ``--out``
+that stops before the budget (other than by the iteration cap, see :func:`scored_range`),
+scores +inf. One config per method name is written to ``--out``
 (``tuned=<out's last folder>/<method>`` on the command line selects it), plus a CSV with the
 score of every candidate.
 """
@@ -23,14 +24,25 @@ CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid o
              "in [0, {budget:g}] (area under the log curve)")
 
 
+def scored_range(group, budget: float) -> float:
+    """The uplink range a group is scored over: the budget, or, when every run finished by
+    reaching its iteration cap before the budget (EF21-Muon's tiny messages), the uplink the
+    shortest run reached (the same for every candidate of such a method: its cost per step is
+    fixed)."""
+    capped = all(r.status == "ok" and r.rows[-1]["step"] >= (r.config.get("steps") or math.inf)
+                 and r.rows[-1]["comm"] < budget for r in group)
+    return min(budget, min(r.rows[-1]["comm"] for r in group)) if capped else budget
+
+
 def select(runs, metric: str, budget: float):
     """{method name: (score, config, runs)} of the best group per method, and all scores."""
     best, table = {}, []
     for _, group in group_runs(runs).items():
         cfg = group[0].config
         name = cfg["method"]["name"]
-        score = log_area(group, metric, budget)
-        table.append({"method": name, "score": score, "seeds": len(group),
+        end = scored_range(group, budget)
+        score = log_area(group, metric, end)
+        table.append({"method": name, "score": score, "range": end, "seeds": len(group),
                       "compressor": cfg["compressor"]["name"],
                       **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
                       **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})

@@ -12,8 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import analysis
-from experiments.analysis import (comm_to_reach, first_hit, log_area, reduction_table,
-                                  value_at)
+from experiments.analysis import log_area, reduction_rows, value_at
 from scripts import fig2, select_tuned
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,25 +59,34 @@ def fake_run(tmp, name, seed, comm, gap, method="alg1", status="ok", max_comm=40
     return d
 
 
-def test_first_hit_and_reduction_arithmetic(tmp_path):
+def test_reduction_rows_arithmetic(tmp_path):
     comm = [0, 10, 20, 30, 40]
-    fake_run(tmp_path, "base", 0, comm, [1, 0.5, 0.2, 0.1, 0.05], method="gluon")
-    fake_run(tmp_path, "base", 1, comm, [1, 0.5, 0.3, 0.1, 0.05], method="gluon")
+    comm_b = [0, 10, 20, 30, 36, 40]
+    fake_run(tmp_path, "base", 0, comm_b, [1, 0.5, 0.2, 0.1, 0.05, 0.045], method="gluon")
+    fake_run(tmp_path, "base", 1, comm_b, [1, 0.5, 0.3, 0.1, 0.05, 0.045], method="gluon")
     fake_run(tmp_path, "new", 0, comm, [1, 0.1, 0.05, 0.01, 0.01])
     fake_run(tmp_path, "new", 1, comm, [1, 0.2, 0.09, 0.01, 0.01])
-    runs = analysis.load_runs(tmp_path)
     groups = {}
-    for r in runs:
+    for r in analysis.load_runs(tmp_path):
         groups.setdefault(r.config["method"]["name"], []).append(r)
-    assert first_hit(groups["gluon"][0], "gap", 0.2) == 20
-    assert comm_to_reach(groups["gluon"], "gap", 0.1) == (30.0, 2)
-    assert comm_to_reach(groups["alg1"], "gap", 0.1) == (15.0, 2)    # mean of 10 and 20
-    assert math.isnan(comm_to_reach(groups["alg1"], "gap", 1e-3)[0])
-    rows = reduction_table(groups, "gap", [0.1], ["gluon"], "a5a")
-    by = {r["method"]: r for r in rows}
-    assert by["alg1"]["reduction"] == pytest.approx(1 - 15 / 30)
-    assert by["gluon"]["reduction"] == pytest.approx(0.0)
-    assert by["alg1"]["baseline"] == "gluon"
+    rows = reduction_rows(groups, "gap", eps_list=[0.11, 1e-3], baselines=["gluon"], budget=40,
+                          width=1e-9, task="a5a")   # a window narrower than a row: raw = smoothed
+    by = {(r["method"], r["metric"], r["level"], r["eps"]): r for r in rows}
+    for metric in ("raw_first_hit", "smoothed_first_hit"):
+        new, base = by[("alg1", metric, "eps", 0.11)], by[("gluon", metric, "eps", 0.11)]
+        assert (new["comm"], base["comm"]) == (15.0, 30.0)        # mean of 10 and 20; of 30, 30
+        assert new["reduction"] == pytest.approx(1 - 15 / 30) and new["baseline"] == "gluon"
+        assert new["ci_low"] <= new["reduction"] <= new["ci_high"]
+        assert math.isnan(base["reduction"])                      # no reduction against itself
+        miss = by[("alg1", metric, "eps", 1e-3)]
+        assert math.isnan(miss["comm"]) and miss["seeds_reached"] == 0 and miss["baseline"] == ""
+    # the baseline's final level: the geometric mean of its curves over the last 10% of the
+    # budget, [36, 40]: 0.05 on all of it but the end point, 0.045 there
+    final = [r for r in rows if r["level"] == "baseline_final" and r["method"] == "alg1"]
+    assert {r["metric"] for r in final} == {"raw_first_hit", "smoothed_first_hit"}
+    for r in final:
+        assert 0.045 < r["eps"] < 0.05 and r["baseline_comm"] == 40.0
+        assert r["comm"] == 30.0 and r["reduction"] == pytest.approx(1 - 30 / 40)
 
 
 def test_value_at_is_a_step_function_and_diverged_is_inf(tmp_path):
@@ -115,7 +123,18 @@ def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(fig2, "OUT", tmp_path / "results")
     fig2.aggregate("logreg", str(sweep))
     table = (tmp_path / "results" / "reduction.md").read_text()
-    assert "| a5a | alg1 | 0.03 | 30 | 2/2 | gluon (40) | 25% |" in table
+    assert "| a5a | eps = 0.03 | alg1 | raw | 30 | 2/2 | gluon (40) | 25% [25%, 25%] |" in table
+    rows = analysis.read_csv(tmp_path / "results" / "reduction.csv")
+    assert {r["metric"] for r in rows} == {"raw_first_hit", "smoothed_first_hit"}
+    assert {r["level"] for r in rows} == {"eps", "baseline_final"}
+    # aggregating the other panel keeps this one's rows
+    cnn = tmp_path / "cnn"
+    for s in range(2):
+        fake_run(cnn, "g", s, comm, [2.5, 2.2, 1.9, 1.5, 1.3], method="gluon")
+    monkeypatch.setitem(fig2.TASKS["cnn"], "metric", "gap")
+    fig2.aggregate("cnn", str(cnn))
+    tasks = [r["task"] for r in analysis.read_csv(tmp_path / "results" / "reduction.csv")]
+    assert tasks.count("a5a") == len(rows) and "cnn" in tasks
     curves = analysis.read_csv(tmp_path / "results" / "logreg_curves.csv")
     assert {r["label"] for r in curves} == {"gluon", "alg1"}
     fig2.plot(tmp_path / "figs")
