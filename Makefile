@@ -110,8 +110,9 @@ fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(PY) -m scripts.ablation aggregate $@
 	$(PY) -m scripts.ablation plot $@
 
-fig8: $(STAMP)  ## App. H CNN grid at paper scale (for a GPU or SLURM: make fig8 LAUNCHER=slurm)
+fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, ~40 min on 2 cores)
 	$(CNN_SWEEP) +experiment=$@
+	$(CNN_SWEEP) +experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
 	$(PY) -m scripts.ablation aggregate $@
 	$(PY) -m scripts.ablation plot $@
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from experiments.analysis import curves, flatten, group_runs, load_runs, read_csv, write_csv
 
@@ -34,8 +37,11 @@ FIGS = {
              "panel": ["method.q"], "lines": ["method.beta", "method.lr"], "x": ["comm"],
              "title": "VR-MARINA with momentum: tuning (RandK 1%)"},
     "fig8": {"sweeps": [("results/sweeps/fig8", "alg1")], "panel": ["method.q"],
-             "lines": ["method.beta", "method.lr"], "x": ["comm"], "metric": "loss",
-             "task": "CIFAR-10 CNN", "title": "Alg. 1 on the CNN: q, lr and beta (RandK 1%)"},
+             "lines": ["method.lr"], "x": ["comm"], "metric": "loss",
+             # the q = 1 baseline, drawn dashed in every panel: Gluon at its tuned setting
+             "baseline": ("results/sweeps/fig2_cnn_cpu", "gluon", "Gluon, q = 1 (Fig. 2)"),
+             "task": "CIFAR-10 CNN, airbench94 at widths 16/64/64",
+             "title": "Alg. 1 on the CNN: q and lr (RandK 1%, B = 4, beta = 0.9)"},
 }
 SHORT = {"method.q": "q", "compressor.density": "density", "method.B": "B", "method.beta": "beta",
          "method.lr": "lr", "method.name": ""}
@@ -68,6 +74,18 @@ def aggregate(fig: str) -> Path:
                 rows.append({"panel": panel, "xaxis": x, "x": row[x], "label": label,
                              "mean": row["mean"], "min": row["min"], "max": row["max"],
                              "seeds": row["seeds"]})
+    if spec.get("baseline"):
+        folder, method, text = spec["baseline"]
+        base = [r for r in load_runs(folder) if r.config["method"]["name"] == method]
+        if not base:
+            raise SystemExit(f"{fig} draws the baseline from {folder}: run `make fig2-cnn` first")
+        budget = min(r.config.get("max_comm") or r.rows[-1]["comm"] for r in runs)
+        for row in curves({text: base}, spec.get("metric", "gap"), budget, points=200):
+            rows.append({"panel": "*", "xaxis": "comm", "x": row["comm"], "label": text,
+                         "mean": row["mean"], "min": row["min"], "max": row["max"],
+                         "seeds": row["seeds"]})
+        write_csv(competitiveness(runs, base, spec.get("metric", "gap")),
+                  Path("results") / fig / "check.csv")
     out = Path("results") / fig / "curves.csv"
     write_csv(rows, out)
     wall = sum(r.summary.get("wall_time", 0.0) for r in runs)
@@ -75,6 +93,31 @@ def aggregate(fig: str) -> Path:
         {"runs": len(runs), "wall_time_s_sum": round(wall, 1),
          "statuses": dict(Counter(r.status for r in runs))}, indent=2))
     print(f"wrote {out} ({len(rows)} rows); {len(runs)} runs, {wall:.0f} s of run time in all")
+    return out
+
+
+def competitiveness(runs, base, metric: str, points=(25, 50, 100, 150, 250, 500)) -> list[dict]:
+    """Per q: the best lr's training loss (smoothed over the trailing 5% of the budget, as in
+    docs/statistics.md) at fixed amounts of uplink, beside the q = 1 baseline's (mean over its
+    seeds). A q is competitive at an uplink if its best loss there is at or below Gluon's."""
+    from experiments.analysis import run_curve
+
+    def at(run, c):
+        comm, sm = run_curve(run, metric, 25.0)
+        return float(sm[np.searchsorted(comm, c, side="right") - 1]) if comm[-1] >= c else math.nan
+
+    out = []
+    for c in points:
+        gluon = float(np.mean([at(r, c) for r in base]))
+        by_q: dict = {}
+        for r in runs:
+            q, v = r.config["method"]["q"], at(r, c)
+            if not math.isnan(v) and (q not in by_q or v < by_q[q][0]):
+                by_q[q] = (v, r.config["method"]["lr"])
+        for q in sorted({r.config["method"]["q"] for r in runs}, reverse=True):
+            v, lr = by_q.get(q, (math.nan, math.nan))
+            out.append({"uplink": c, "q": q, "best_lr": lr, "loss": v, "gluon_loss": gluon,
+                        "competitive": (v <= gluon) if not math.isnan(v) else "not reached"})
     return out
 
 
@@ -88,6 +131,8 @@ def plot(fig: str) -> Path:
     if not path.exists():
         raise SystemExit(f"{path} missing: run `make {fig}`")
     rows = read_csv(path)
+    shared = [r for r in rows if r["panel"] == "*"]          # drawn in every panel (a baseline)
+    rows = [r for r in rows if r["panel"] != "*"]
     panels = sorted({(r["xaxis"], r["panel"]) for r in rows},
                     key=lambda p: (spec["x"].index(p[0]), p[1]))
     cols = min(3, len(panels))
@@ -95,9 +140,11 @@ def plot(fig: str) -> Path:
     fig_, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.6 * nrows), squeeze=False)
     for ax, (xaxis, panel) in zip(axes.flat, panels):
         sel = [r for r in rows if r["xaxis"] == xaxis and r["panel"] == panel]
+        base = {r["label"] for r in shared}
+        sel += [r for r in shared if r["xaxis"] == xaxis]
         for label in sorted({r["label"] for r in sel}):
             rs = [r for r in sel if r["label"] == label]
-            ls = "--" if label.startswith("alg1") and fig == "fig6" else "-"
+            ls = "--" if (label.startswith("alg1") and fig == "fig6") or label in base else "-"
             (line,) = ax.plot([r["x"] for r in rs], [r["mean"] for r in rs], ls, lw=1.2,
                               label=label)
             ax.fill_between([r["x"] for r in rs], [r["min"] for r in rs], [r["max"] for r in rs],

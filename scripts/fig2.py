@@ -166,6 +166,58 @@ def plot(out: Path = FIG) -> None:
     print(f"wrote {out / 'fig2.png'} and {out / 'fig2.pdf'}")
 
 
+PAPER_CLAIM = {"a5a": 0.60, "cnn": 0.65}   # "about 60%" (Sec. 6.2), "about 65%" (Sec. 6.3)
+
+
+def readme_table(task: str, path: Path | None = None) -> str:
+    """The README's Expected-results table of a panel, from reduction.csv: every method's uplink
+    to reach the best baseline's final level, the reduction with its 95% interval, whether the
+    paper's claim lies inside the interval, and the raw-first-hit reduction beside it."""
+    rows = [r for r in read_csv(path or OUT / "reduction.csv")
+            if r["task"] == task and r["level"] == "baseline_final"]
+    if not rows:
+        raise SystemExit(f"no {task} rows in reduction.csv: run make fig2")
+    claim = PAPER_CLAIM[task]
+    raw = {r["method"]: r for r in rows if r["metric"] == "raw_first_hit"}
+    sm = [r for r in rows if r["metric"] == "smoothed_first_hit"]
+    base = sm[0]["baseline"]
+
+    def red(r):
+        if r["method"] == r["baseline"]:
+            return "(the baseline)"
+        if isinstance(r["reduction"], str) or math.isnan(r["reduction"]):
+            return "not reached in every seed"
+        return (f"{100 * r['reduction']:.0f}% [{100 * r['ci_low']:.0f}%, "
+                f"{100 * r['ci_high']:.0f}%]")
+
+    def comm(r):
+        return "not reached" if isinstance(r["comm"], str) or math.isnan(r["comm"]) else \
+            f"{r['comm']:.0f}"
+
+    lines = [f"Level: {base}'s final level, {task_metric(task)} = {sm[0]['eps']:.4g} "
+             f"(smoothed, mean of its last 10% of the budget over {int(sm[0]['seeds'])} seeds); "
+             f"{int(sm[0]['baseline_censored'])} of its seeds censored at the budget.", "",
+             "| method | uplink to reach it (smoothed, mean over seeds) | seeds reached | "
+             f"reduction vs {base} [95% CI] | paper's ~{100 * claim:.0f}% inside the CI? | "
+             "raw first hit: uplink, reduction [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for r in sorted(sm, key=lambda r: _order(r["method"])):
+        inside = "-"
+        if r["method"] != r["baseline"] and not isinstance(r["reduction"], str) \
+                and not math.isnan(r["reduction"]):
+            inside = "yes" if r["ci_low"] <= claim <= r["ci_high"] else \
+                ("no (above)" if r["ci_low"] > claim else "no (below)")
+        rr = raw.get(r["method"], {})
+        lines.append(f"| {label(r['method'])} | {comm(r)} | {int(r['seeds_reached'])}/"
+                     f"{int(r['seeds'])} | {red(r)} | {inside} | "
+                     f"{comm(rr) if rr else '-'}, {red(rr) if rr else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def task_metric(task: str) -> str:
+    return "f - f*" if task == "a5a" else "training loss"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -173,9 +225,13 @@ def main(argv=None):
     a.add_argument("--task", choices=sorted(TASKS), required=True)
     a.add_argument("--sweep", default=None)
     sub.add_parser("plot")
+    r = sub.add_parser("readme", help="print a panel's README table (from reduction.csv)")
+    r.add_argument("--task", choices=sorted(PAPER_CLAIM), required=True)
     args = ap.parse_args(argv)
     if args.cmd == "aggregate":
         aggregate(args.task, args.sweep)
+    elif args.cmd == "readme":
+        print(readme_table(args.task), end="")
     else:
         plot()
 

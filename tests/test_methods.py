@@ -797,6 +797,30 @@ def test_train_returns_ok_on_a_healthy_run_and_logs():
     assert [r["comm"] for r in rows] == sorted(r["comm"] for r in rows)
 
 
+@pytest.mark.parametrize("name,comp", [("alg1", RandK(0.25)), ("gluon", Identity()),
+                                       ("ef21_muon", TopK(0.1))])
+def test_train_logs_once_at_every_multiple_of_log_comm(name, comp):
+    """Rows aligned on uplink: a row at step 0, at the last step, and at exactly the steps whose
+    uplink crosses a multiple of log_comm (every crossing, none twice)."""
+    problem = make_problem()
+    hp = {"q": 0.3} if name == "alg1" else {}
+    m = build(name, comp, problem=problem, lr=0.02, **hp)
+    costs, rows = [], []
+    status = train(m, 60, log_every=0, log_comm=0.5, evaluate=_evaluate(problem),
+                   on_log=rows.append, on_step=lambda mm: costs.append((mm.k, mm.comm.ledger.cost)))
+    assert status == "ok"
+    prev, expected = 0.0, [0]
+    for k, c in costs:
+        if math.floor(c / 0.5) > math.floor(prev / 0.5) or k == 60:
+            expected.append(k)
+        prev = c
+    assert [r["step"] for r in rows] == expected
+    marks = [math.floor(r["comm"] / 0.5) for r in rows[1:-1]]
+    assert marks == sorted(set(marks))                          # never two rows for one mark
+    with pytest.raises(ValueError, match="log_every"):
+        train(m, 70, log_every=0, log_comm=None, evaluate=_evaluate(problem))
+
+
 @pytest.mark.parametrize("log_every", [1, 7])
 def test_train_reports_divergence_of_vr_marina_with_huge_lr(log_every):
     problem = make_problem(dtype=torch.float32)

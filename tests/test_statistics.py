@@ -1,0 +1,149 @@
+"""Figure 2's statistic (docs/statistics.md) on synthetic curves whose answers are known:
+the trailing geometric-mean smoothing, first hits, the final level, the paired bootstrap."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments import analysis
+from experiments.analysis import bootstrap_reduction, final_level, hit, reduction_rows, smooth
+
+
+def test_smoothing_a_constant_curve_gives_the_constant():
+    c = np.arange(0, 101, dtype=float)
+    assert np.allclose(smooth(c, np.full_like(c, 0.3), 10.0), 0.3, rtol=1e-12)
+
+
+def test_smoothing_is_the_trailing_geometric_mean_over_uplink():
+    # f(c) = exp(-a c) logged every unit: the window (c - W, c] holds the W rows c-W+1..c (fewer
+    # at the start), whose geometric mean is exp(-a (c - (n - 1) / 2)).
+    a, W = 0.01, 20.0
+    c = np.arange(0, 201, dtype=float)
+    got = smooth(c, np.exp(-a * c), W)
+    n = np.minimum(c + 1, W)
+    assert np.allclose(got, np.exp(-a * (c - (n - 1) / 2)), rtol=1e-10)
+
+
+def test_smoothing_windows_are_uplink_not_rows():
+    # the same curve logged at uneven uplink points: a window spans 10 units, not 10 rows
+    c = np.array([0.0, 1, 2, 3, 10, 11, 12, 30])
+    v = np.array([1.0, 1, 1, 1, 4, 4, 4, 9])
+    got = smooth(c, v, 10.0)
+    assert got[4] == pytest.approx((1 * 1 * 1 * 4) ** (1 / 4))     # (0, 10]: rows 1, 2, 3, 10
+    assert got[7] == pytest.approx(9.0)                              # (20, 30]: row 30 only
+
+
+def test_a_non_finite_value_makes_its_windows_infinite():
+    c = np.arange(10, dtype=float)
+    v = np.ones(10)
+    v[4] = np.inf
+    got = smooth(c, v, 3.0)
+    assert np.isinf(got[4:7]).all() and np.isfinite(got[:4]).all() and np.isfinite(got[7:]).all()
+
+
+def test_one_lucky_step_crosses_raw_but_not_smoothed():
+    c = np.arange(0, 1001, dtype=float)
+    v = np.full_like(c, 1e-2)
+    v[300] = 1e-4                           # one downward spike, two decades deep
+    assert hit(c, v, 1e-3) == 300.0
+    assert math.isnan(hit(c, smooth(c, v, 50.0), 1e-3))
+
+
+def test_smoothed_first_hit_of_a_noisy_curve_is_the_true_crossing_plus_half_the_window():
+    # f(c) = exp(-c / 100) times log-normal noise (sd 0.5 in log): it truly crosses L = e^-5 at
+    # c = 500. The raw first hit comes much earlier (noise); the smoothed one at about 500 + W/2.
+    rng = np.random.default_rng(0)
+    c = np.arange(0, 1001, dtype=float)
+    W, L = 50.0, math.exp(-5)
+    smoothed_hits, raw_hits = [], []
+    for _ in range(50):
+        v = np.exp(-c / 100 + 0.5 * rng.standard_normal(c.size))
+        raw_hits.append(hit(c, v, L))
+        smoothed_hits.append(hit(c, smooth(c, v, W), L))
+    assert np.mean(raw_hits) < 450
+    assert abs(np.mean(smoothed_hits) - (500 + (W - 1) / 2)) < 8
+
+
+def test_bootstrap_of_a_constant_ratio_is_exact_and_the_interval_degenerate():
+    cb = np.array([100.0, 300, 50, 800, 120, 90, 400, 60, 70, 200])
+    point, lo, hi = bootstrap_reduction(0.4 * cb, cb)
+    assert point == pytest.approx(0.6) and lo == pytest.approx(0.6) and hi == pytest.approx(0.6)
+
+
+def test_bootstrap_pairs_seeds():
+    # C_M = C_b / 2 exactly per seed, but C_b varies a lot between seeds: pairing gives a zero-
+    # width interval; resampling the two independently would not.
+    rng = np.random.default_rng(1)
+    cb = rng.uniform(100, 1000, size=10)
+    _, lo, hi = bootstrap_reduction(cb / 2, cb)
+    assert hi - lo < 1e-12
+    unpaired_lo, unpaired_hi = np.quantile(
+        [1 - rng.choice(cb / 2, 10).mean() / rng.choice(cb, 10).mean() for _ in range(2000)],
+        [0.025, 0.975])
+    assert unpaired_hi - unpaired_lo > 0.2
+
+
+def test_bootstrap_interval_covers_the_true_reduction_about_95_percent_of_the_time():
+    # 300 experiments of 10 seeds: C_b ~ N(500, 60), C_M = 0.6 C_b' with independent noise;
+    # the true reduction 1 - E[C_M] / E[C_b] = 0.4.
+    rng = np.random.default_rng(2)
+    covered = 0
+    for i in range(300):
+        cb = rng.normal(500, 60, 10)
+        cm = 0.6 * rng.normal(500, 60, 10)
+        _, lo, hi = bootstrap_reduction(cm, cb, resamples=2000, seed=i)
+        covered += lo <= 0.4 <= hi
+    assert 0.85 <= covered / 300 <= 0.99
+
+
+def test_bootstrap_is_reproducible():
+    cm, cb = np.array([1.0, 2, 3, 4]), np.array([2.0, 3, 5, 9])
+    assert bootstrap_reduction(cm, cb) == bootstrap_reduction(cm, cb)
+    with pytest.raises(ValueError):
+        bootstrap_reduction(cm, cb[:3])
+
+
+def _fake(tmp, name, seed, comm, vals, method, budget, steps=100_000):
+    d = tmp / f"{name}-{seed}"
+    d.mkdir(parents=True)
+    config = {"method": {"name": method}, "compressor": {"name": "identity"}, "seed": seed,
+              "max_comm": budget, "steps": steps}
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config,
+                                                "wall_time": 1.0}))
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "comm": float(c), "bytes": 4.0 * c, "gap": float(v)}) + "\n"
+        for i, (c, v) in enumerate(zip(comm, vals))))
+
+
+def test_final_level_and_reduction_at_it_on_exponential_curves(tmp_path):
+    # Baseline f = exp(-c/200), method f = exp(-c/100) (twice as fast per unit of uplink), every
+    # unit logged, budget 1000, window 50. The baseline's smoothed curve is exp(-(c - 24.5)/200)
+    # at the logged units, a step function in between; over [900, 1000] its log-mean is about
+    # -(949.5 - 24.5)/200, so the level is about exp(-4.625). The method's smoothed curve
+    # reaches it just past c = 487, the baseline's just past 949.5: first logged units 488 and
+    # 950, a reduction of 1 - 488/950.
+    c = np.arange(0, 1001, dtype=float)
+    for s in range(3):
+        _fake(tmp_path, "b", s, c, np.exp(-c / 200), "gluon", 1000)
+        _fake(tmp_path, "m", s, c, np.exp(-c / 100), "alg1", 1000)
+        _fake(tmp_path, "capped", s, c[:301], np.exp(-c[:301] / 50), "ef21_muon", 1000, steps=300)
+    groups = {}
+    for r in analysis.load_runs(tmp_path):
+        groups.setdefault(r.config["method"]["name"], []).append(r)
+    level = final_level(groups["gluon"], "gap", 1000, 50.0)
+    assert math.log(level) == pytest.approx(-(949.5 - 24.5) / 200, abs=1e-3)
+    assert math.isnan(final_level(groups["ef21_muon"], "gap", 1000, 50.0))   # stops at 300
+    rows = reduction_rows(groups, "gap", eps_list=[3e-3], baselines=["gluon", "ef21_muon"],
+                          budget=1000, width=50.0, task="t")
+    final = {r["method"]: r for r in rows
+             if r["level"] == "baseline_final" and r["metric"] == "smoothed_first_hit"}
+    assert final["alg1"]["baseline"] == "gluon"      # the capped baseline has no final level
+    assert final["alg1"]["comm"] == 488.0 and final["alg1"]["baseline_comm"] == 950.0
+    assert final["alg1"]["reduction"] == pytest.approx(1 - 488 / 950)
+    assert final["alg1"]["baseline_censored"] == 0
+    # at a fixed eps the capped baseline counts when it gets there first, in every seed
+    eps = {r["method"]: r for r in rows if r["level"] == "eps" and r["metric"] == "raw_first_hit"}
+    assert eps["alg1"]["baseline"] == "ef21_muon" and eps["ef21_muon"]["comm"] == 291.0
