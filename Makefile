@@ -49,11 +49,18 @@ install: $(STAMP)  ## create .venv and install the project with its pinned depen
 test: $(STAMP)  ## run the test suite (fast tests; a few minutes on 2 cores)
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)  ## run the slow end-to-end tests too
-	$(PY) -m pytest -q -m slow
+test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
+	$(PY) -m pytest -q -m 'slow or not slow'
 
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m scripts.bench_logreg
+
+.PHONY: bench-cnn gpu-check
+bench-cnn: $(STAMP)  ## CNN step time on CPU (CPU profile, Fig. 2 panel methods): where it goes, results/bench/cnn.md
+	$(PY) -m scripts.bench_cnn --out results/bench/cnn.md
+
+gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
+	$(PY) -m scripts.gpu_check
 
 logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
 	$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
@@ -117,7 +124,7 @@ fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, ~40 min
 	$(PY) -m scripts.ablation plot $@
 
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
-	$(PY) -m experiments.sweep sbatch logreg launcher=slurm +experiment=$(EXP)
+	$(PY) -m experiments.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) +experiment=$(EXP)
 
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')

@@ -21,6 +21,7 @@ What a logged row holds:
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,6 +43,36 @@ def pick_device(name: str | None) -> torch.device:
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def _precision_knobs():
+    """(object, attribute, value for IEEE fp32, label) of CUDA's TF32 switches."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):          # torch >= 2.9
+        return [(conv, "fp32_precision", "ieee", "cudnn.conv.fp32_precision"),
+                (torch.backends.cuda.matmul, "fp32_precision", "ieee",
+                 "cuda.matmul.fp32_precision")]
+    return [(torch.backends.cudnn, "allow_tf32", False, "cudnn.allow_tf32"),
+            (torch.backends.cuda.matmul, "allow_tf32", False, "cuda.matmul.allow_tf32")]
+
+
+def precision_settings() -> dict:
+    """How CUDA runs fp32 convolutions and matmuls now ("tf32": TF32 tensor cores)."""
+    return {label: str(getattr(obj, name)) for obj, name, _, label in _precision_knobs()}
+
+
+@contextmanager
+def ieee_fp32():
+    """IEEE fp32 convolutions and matmuls on CUDA (no TF32) inside the block."""
+    knobs = _precision_knobs()
+    old = [getattr(o, n) for o, n, _, _ in knobs]
+    try:
+        for o, n, v, _ in knobs:
+            setattr(o, n, v)
+        yield
+    finally:
+        for (o, n, _, _), v in zip(knobs, old):
+            setattr(o, n, v)
 
 
 class CifarOracle(ModuleOracle):
@@ -81,10 +112,14 @@ class CifarOracle(ModuleOracle):
     def grad_diff(self, params, prev, batch):
         """Delta = grad f_xi(X) - grad f_xi(X_prev) in fp32, never under bf16 autocast: the two
         gradients are close, so bf16 rounding (about 4e-3 relative each) would dominate their
-        difference, and g sums about 1/q of them between syncs."""
+        difference, and g sums about 1/q of them between syncs. On CUDA the convolutions run in
+        IEEE fp32 here too (cuDNN's TF32 off for these two gradients only)."""
         amp, self.amp = self.amp, False
         try:
-            return super().grad_diff(params, prev, batch)
+            if batch[0].device.type != "cuda":
+                return super().grad_diff(params, prev, batch)
+            with ieee_fp32():
+                return super().grad_diff(params, prev, batch)
         finally:
             self.amp = amp
 

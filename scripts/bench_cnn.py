@@ -1,22 +1,30 @@
-"""Where a step of the CNN experiment goes on CPU: Alg. 1 against the gradients it must compute.
+"""Where a step of the CNN experiment goes on CPU: each method against the gradients it must compute.
 
-    PYTHONPATH=. python -m scripts.bench_cnn [--steps 20] [--methods alg1 gluon alg2] [--threads 1]
+    python -m scripts.bench_cnn [--steps 200] [--methods gluon alg1 alg2 ef21_muon] [--threads 1]
+                                [--widths 16 64 64] [--out results/bench/cnn.md]
 
-Builds the CIFAR-10 task as ``experiments.cnn`` does (airbench94, n = 4 workers, batch 16, LMOs
-assigned by the Scion rule) on random uint8 images (the timing does not depend on the pixels;
-``--real`` uses the dataset), runs each method for ``--steps`` steps after ``--warmup`` steps,
-and times, inside every step: the gradient evaluations (forward + backward, what any
-implementation must do), minibatch sampling and augmentation, compression + encoding, the
-averaging, the LMO update, and the rest (momentum, bookkeeping). The overhead is everything but
-the gradients and the sampling, as a fraction of the gradient time (target: under 15%). Times
-are wall-clock and process CPU time; on a shared machine the CPU time is the steadier one.
-Prints a markdown table.
+Builds the CIFAR-10 task as ``experiments.cnn`` does at the CPU profile by default (airbench94
+with widths 16/64/64, n = 4 workers, batch 16, one thread, LMOs assigned by the Scion rule;
+``--widths 64 256 256`` for the paper network) on random uint8 images (the timing does not
+depend on the pixels; ``--real`` uses the dataset), runs each method of the Fig. 2 CNN panel
+(gluon, alg1 RandK 1 %, alg2 TopK 1 %, ef21_muon TopK 1 %; q = 0.1, B = 4, lr 0.05, beta 0.9)
+for ``--steps`` steps after ``--warmup`` steps, and times, inside every step: the gradient
+evaluations (forward + backward, what any implementation must do), minibatch sampling and
+augmentation, compression + encoding, the averaging, the LMO update, and the rest (momentum,
+bookkeeping). The overhead is everything but the gradients and the sampling: the summary gives
+it as a share of the step, the detail tables also as a fraction of the gradient time (target:
+under 15%). Times are wall-clock and process CPU time; on a shared machine the CPU time is the
+steadier one (shares are of CPU time). Prints and writes (``--out``) a markdown table headed by
+the machine line.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -55,21 +63,34 @@ class Clock:
         self.cpu.clear()
 
 
-def config(method: str, steps: int, threads: int, q: float, B: int):
-    base = OmegaConf.load("configs/cnn.yaml")
-    task = OmegaConf.load("configs/task/cifar10.yaml")
-    comp = {"alg1": {"name": "randk", "density": 0.01}, "alg2": {"name": "topk", "density": 0.01},
-            "gluon": {"name": "identity"}}[method]
+REPO = Path(__file__).resolve().parents[1]
+CPU_WIDTHS = [16, 64, 64]        # configs/profile/cpu.yaml
+PANEL = ["gluon", "alg1", "alg2", "ef21_muon"]
+# compressor and the hyperparameters each method takes besides lr and beta
+SETTINGS = {
+    "gluon": ({"name": "identity"}, {}),
+    "alg1": ({"name": "randk", "density": 0.01}, {"q": True, "B": True, "scale_by_B": True}),
+    "alg2": ({"name": "topk", "density": 0.01}, {"q": True, "B": True, "scale_by_B": True}),
+    "ef21_muon": ({"name": "topk", "density": 0.01}, {}),
+    "alg3": ({"name": "randk", "density": 0.01}, {"q": True, "B": True}),
+    "alg4": ({"name": "topk", "density": 0.01}, {"q": True, "B": True}),
+    "vr_marina": ({"name": "randk", "density": 0.01}, {"q": True}),
+}
+
+
+def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_WIDTHS):
+    base = OmegaConf.load(REPO / "configs/cnn.yaml")
+    task = OmegaConf.load(REPO / "configs/task/cifar10.yaml")
+    comp, takes = SETTINGS[method]
     m = {"name": method, "lr": 0.05, "beta": 0.9}
-    if method != "gluon":
-        m.update(q=q, B=B, scale_by_B=True)
+    m.update({k: v for k, v in {"q": q, "B": B, "scale_by_B": True}.items() if k in takes})
     return OmegaConf.create({
         "seed": 0, "steps": steps, "n_workers": 4, "batch_size": base.batch_size,
         "log_every": steps, "eval_every": steps, "device": "cpu", "data_dir": None,
         "results_dir": "results", "threads": threads,
-        "task": {**OmegaConf.to_container(task), "eval_train": 64, "eval_test": 64,
-                 "source": "auto"},
-        "method": m, "compressor": comp})
+        "task": {**OmegaConf.to_container(task), "widths": list(widths), "eval_train": 64,
+                 "eval_test": 64, "source": "auto"},
+        "method": m, "compressor": dict(comp)})
 
 
 def random_data(n_train=4096, n_test=256, seed=0) -> Cifar:
@@ -82,10 +103,10 @@ def random_data(n_train=4096, n_test=256, seed=0) -> Cifar:
 
 
 def bench(method_name: str, args) -> dict:
-    cfg = config(method_name, args.steps, args.threads, args.q, args.B)
+    cfg = config(method_name, args.steps, args.threads, args.q, args.B, args.widths)
     torch.set_num_threads(args.threads)
     compressor = validate(cfg)
-    method, _, _ = build(cfg, compressor, data=None if args.real else random_data())
+    method, _, extra = build(cfg, compressor, data=None if args.real else random_data())
     clock = Clock()
     for o in {id(w.oracle): w.oracle for w in method.workers}.values():
         o.grad = clock.wrap("gradients (fwd+bwd)", o.grad)
@@ -105,6 +126,7 @@ def bench(method_name: str, args) -> dict:
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     n = method.k - k0
     return {"method": method_name, "steps": n, "syncs": syncs, "wall": wall / n, "cpu": cpu / n,
+            "n_params": extra["n_params"], "data": extra["data"],
             "parts_wall": {k: v / n for k, v in clock.wall.items()},
             "parts_cpu": {k: v / n for k, v in clock.cpu.items()}}
 
@@ -129,22 +151,78 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+SHORT = {"gradients (fwd+bwd)": "gradients", "sampling + augmentation": "sampling",
+         "compression + encoding": "compression", "averaging": "averaging",
+         "LMO update": "LMO", "step": "rest"}
+
+
+def shares(r: dict) -> dict:
+    """Each part's share of the step's CPU time, and the overhead: everything outside the
+    gradient evaluations and the sampling (compression, averaging, LMO, rest)."""
+    out = {SHORT[k]: r["parts_cpu"].get(k, 0.0) / r["cpu"] for k in ORDER}
+    out["overhead"] = sum(out[k] for k in ("compression", "averaging", "LMO", "rest"))
+    return out
+
+
+def summary(results: list[dict]) -> str:
+    cols = list(SHORT.values())
+    lines = ["| method | steps (u = 1) | ms/step (wall) | ms/step (CPU) | "
+             + " | ".join(cols) + " | **outside gradients + sampling** |",
+             "|---|---:|---:|---:|" + "---:|" * (len(cols) + 1)]
+    for r in results:
+        sh = shares(r)
+        u = "" if r["method"] in ("gluon", "ef21_muon") else f" ({r['syncs']})"
+        lines.append(f"| {r['method']} | {r['steps']}{u} | {1e3 * r['wall']:.1f} | "
+                     f"{1e3 * r['cpu']:.1f} | " + " | ".join(f"{100 * sh[c]:.0f}%" for c in cols)
+                     + f" | **{100 * sh['overhead']:.1f}%** |")
+    return "\n".join(lines)
+
+
+def machine_line(args, n_params: int | None) -> str:
+    load = ", load %.1f/%.1f/%.1f" % os.getloadavg() if hasattr(os, "getloadavg") else ""
+    w = "/".join(map(str, args.widths))
+    profile = "CPU profile" if list(args.widths) == CPU_WIDTHS else "custom widths"
+    params = f", {n_params:,} parameters" if n_params else ""
+    return (f"CIFAR-10 airbench94 {profile} (widths {w}{params}), n = 4 workers, batch 16, "
+            f"q = {args.q}, B = {args.B}, RandK/TopK 1%, lr 0.05, beta 0.9, "
+            f"{'CIFAR-10' if args.real else 'random uint8 images'}; {args.steps} steps after "
+            f"{args.warmup} warm-up, {args.threads} thread(s); "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores{load}, "
+            f"torch {torch.__version__}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", nargs="+", default=["alg1"], choices=["alg1", "alg2", "gluon"])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--methods", nargs="+", default=PANEL, choices=list(SETTINGS))
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--widths", type=int, nargs=3, default=CPU_WIDTHS,
+                   help="channel widths of the three conv groups (paper network: 64 256 256)")
     p.add_argument("--q", type=float, default=0.1)
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--real", action="store_true", help="use CIFAR-10 instead of random images")
+    p.add_argument("--out", default="results/bench/cnn.md", help="the markdown table ('' : none)")
     args = p.parse_args(argv)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94, n = 4, batch 16, "
-          f"q = {args.q}, B = {args.B}, density 1%\n")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94 widths "
+          f"{args.widths}, n = 4, batch 16, q = {args.q}, B = {args.B}, density 1%\n")
+    results, details = [], []
     for name in args.methods:
         r = bench(name, args)
-        print(f"### {name}: {r['steps']} steps ({r['syncs']} with u = 1)\n")
-        print(table(r) + "\n", flush=True)
+        results.append(r)
+        u = "" if name in ("gluon", "ef21_muon") else f" ({r['syncs']} with u = 1)"
+        details.append(f"### {name}: {r['steps']} steps{u}\n\n{table(r)}\n")
+        print(details[-1], flush=True)
+    n_params = results[0]["n_params"] if results else None
+    head = (machine_line(args, n_params) + "\n\nShares are of the step's CPU time; "
+            "**outside gradients + sampling** = compression + averaging + LMO + rest.\n\n"
+            + summary(results) + "\n")
+    print(head)
+    text = head + "\n" + "\n".join(details)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ n = 4 workers, bf16 autocast on):
    grad f_xi(X_prev) on one minibatch under bf16 autocast against fp32 (autocast off). The
    relative error ||D_bf16 - D_fp32|| / ||D_fp32|| must lie well below (1/10 of) RandK 1 %'s own
    relative noise on Delta, sqrt(sum_b omega_b ||D_b||^2 / ||D||^2) ~ sqrt(d/k - 1) ~ 10, and
-   the code path the methods use (``CifarOracle.grad_diff`` with amp on) must equal the fp32
-   Delta exactly. Also reported: the same in true IEEE fp32 (no TF32 convolutions; by default
-   cuDNN runs "fp32" convolutions in TF32 on Ampere and later), and RandK's measured noise.
+   the code path the methods use (``CifarOracle.grad_diff`` with amp on) must equal the IEEE
+   fp32 Delta exactly (no bf16, and no TF32 convolutions, which cuDNN otherwise uses for "fp32"
+   on Ampere and later). Also reported: default-fp32 (TF32) against IEEE fp32, and RandK's
+   measured noise.
 3. **speed**: steps per second of every method (after ``--warmup`` steps; CUDA synchronised
    before and after the timed steps).
 4. **distributed**: alg1 (RandK 1 %, q = 0.3, B = 2) on 2 real gloo processes
@@ -51,6 +52,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from experiments.cnn_task import ieee_fp32, precision_settings
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "results/gpu_check/gpu_check.json"
@@ -143,36 +146,6 @@ def deterministic():
         yield
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
-
-
-def _precision_knobs():
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    """(object, attribute, value for true fp32, label) of the TF32 switches."""
-    if conv is not None and hasattr(conv, "fp32_precision"):
-        return [(conv, "fp32_precision", "ieee", "cudnn.conv.fp32_precision"),
-                (torch.backends.cuda.matmul, "fp32_precision", "ieee",
-                 "cuda.matmul.fp32_precision")]
-    return [(torch.backends.cudnn, "allow_tf32", False, "cudnn.allow_tf32"),   # torch < 2.9
-            (torch.backends.cuda.matmul, "allow_tf32", False, "cuda.matmul.allow_tf32")]
-
-
-def precision_settings() -> dict:
-    """How CUDA runs fp32 convolutions and matmuls now ("tf32": TF32 tensor cores)."""
-    return {label: str(getattr(obj, name)) for obj, name, _, label in _precision_knobs()}
-
-
-@contextmanager
-def ieee_fp32():
-    """True fp32 convolutions and matmuls (no TF32) inside the block."""
-    knobs = _precision_knobs()
-    old = [getattr(o, n) for o, n, _, _ in knobs]
-    try:
-        for o, n, v, _ in knobs:
-            setattr(o, n, v)
-        yield
-    finally:
-        for (o, n, _, _), v in zip(knobs, old):
-            setattr(o, n, v)
 
 
 def norm(xs) -> float:
@@ -274,7 +247,7 @@ def delta_check(spec: dict, data, checks: Checks) -> dict:
     from gluon.worker import Oracle
     steps = spec["delta_steps"]
     cfg = compose_cfg(overrides(spec, ["method=gluon"], steps, spec["n_workers"]))
-    method, _, extra = build(cfg, validate(cfg), data=data)
+    method, _, _ = build(cfg, validate(cfg), data=data)
     for _ in range(steps):
         method.step()
     X, X_prev = [p.detach().clone() for p in method.params], [p.clone() for p in method.prev]
@@ -338,7 +311,7 @@ def delta_check(spec: dict, data, checks: Checks) -> dict:
         "randk_rel_noise_empirical": empirical, "randk_draws": len(draws),
         "bf16_margin": BF16_MARGIN,
         "bf16_err_over_randk_noise": rel(bf16, fp32) / theory,
-        "method_path_equals_fp32": all(torch.equal(a, b) for a, b in zip(path, fp32)),
+        "method_path_equals_fp32": all(torch.equal(a, b) for a, b in zip(path, ieee)),
         "method_path_equals_bf16": all(torch.equal(a, b) for a, b in zip(path, bf16)),
         "fp32_repeat_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fp32, fp32_again)),
         "all_finite": all(finite(v) for v in (fp32, bf16, path, ieee, grad, grads[True])),
@@ -429,12 +402,14 @@ def _simulate_reference(spec: dict) -> dict:
             "syncs": syncs}
 
 
-def _spawn(spec: dict, out: str) -> None:
+def _spawn(spec: dict, out: str) -> str:
     import torch.multiprocessing as mp
     from scripts.dist_logreg import free_port
     cuda = torch.device(spec["device"]).type == "cuda"
     # CUDA cannot be used in a forked child once the parent has initialised it: spawn there
-    start = "fork" if not cuda and "fork" in mp.get_all_start_methods() else "spawn"
+    start = spec.get("start_method") or "auto"
+    if start == "auto":
+        start = "fork" if not cuda and "fork" in mp.get_all_start_methods() else "spawn"
     ctx = mp.start_processes(dist_entry, args=(DIST_WORLD, free_port(), spec, out),
                              nprocs=DIST_WORLD, join=False, start_method=start)
     deadline = time.monotonic() + spec["dist_timeout"] + 60
@@ -448,6 +423,7 @@ def _spawn(spec: dict, out: str) -> None:
             if p.is_alive():
                 p.terminate()
                 p.join(5)
+    return start
 
 
 def dist_check(spec: dict, checks: Checks, tmpdir: Path) -> dict:
@@ -456,7 +432,7 @@ def dist_check(spec: dict, checks: Checks, tmpdir: Path) -> dict:
     t0 = time.perf_counter()
     for attempt in range(2):   # a port taken between free_port() and bind: once more
         try:
-            _spawn(spec, str(out))
+            start = _spawn(spec, str(out))
             break
         except TimeoutError:
             raise
@@ -473,7 +449,7 @@ def dist_check(spec: dict, checks: Checks, tmpdir: Path) -> dict:
                "data": f"synthetic, {spec['dist_data'][0]} train images",
                "atol": spec["atol"], "simulation_syncs": ref["syncs"],
                "simulation_repeat_max_abs_diff": repeat_diff,
-               "processes_wall_s": dist_wall, "runs": {}}
+               "start_method": start, "processes_wall_s": dist_wall, "runs": {}}
     checks.expect(0 < ref["syncs"] < spec["dist_steps"],
                   f"distributed: the {spec['dist_steps']} steps did not see both coin outcomes "
                   f"({ref['syncs']} syncs)")
@@ -533,8 +509,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", action="store_true", help="synthetic images even if CIFAR-10 is there")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--atol", type=float, default=1e-6, help="distributed vs simulation (as the tests)")
-    p.add_argument("--dist-timeout", type=int, default=180, help="seconds for the gloo processes")
+    p.add_argument("--dist-timeout", type=int, default=120, help="seconds for the gloo processes")
     p.add_argument("--no-dist", action="store_true", help="skip the distributed comparison")
+    p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
+                   help="how the gloo processes start (auto: fork on CPU, spawn with CUDA)")
     return p
 
 
@@ -560,7 +538,8 @@ def main(argv=None) -> int:
             "threads": args.threads or (4 if args.device == "cuda" else 1),
             "eval_train": 64 if args.tiny else 2048,
             "dist_data": (256, 64) if args.tiny else (2048, 256),
-            "dist_timeout": args.dist_timeout, "atol": args.atol}
+            "dist_timeout": args.dist_timeout, "atol": args.atol,
+            "start_method": args.start_method}
     spec["warmup"] = min(spec["warmup"], max(0, spec["steps"] - 1))
     torch.set_num_threads(spec["threads"])
     checks = Checks()

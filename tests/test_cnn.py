@@ -265,10 +265,14 @@ def test_overrides_compose():
     assert cfg.task.name == "cifar10" and cfg.device == "cpu"
     assert cfg_for("method=gluon").compressor.name == "identity"
     # the CPU panel: experiment + tuned settings beat the CNN defaults; the command line beats both
-    for name, comp in [("gluon", "identity"), ("alg1", "randk"), ("alg2", "topk")]:
+    for name, comp in [("gluon", "identity"), ("alg1", "randk"), ("alg2", "topk"),
+                       ("ef21_muon", "topk")]:
         cfg = cfg_for("+experiment=fig2_cnn_cpu", f"tuned=fig2_cnn_cpu/{name}")
-        assert (cfg.method.name, cfg.compressor.name, cfg.steps) == (name, comp, 150)
-        assert cfg.method.lr == (0.1 if name == "gluon" else 0.02) and cfg.task.eval_test == 1000
+        assert (cfg.method.name, cfg.compressor.name) == (name, comp)
+        assert (cfg.max_comm, cfg.steps, cfg.log_every, cfg.log_comm, cfg.eval_every) == \
+            (500, 6000, 0, 1.0, 0)
+        assert list(cfg.task.widths) == [16, 64, 64] and cfg.task.eval_test is None
+        validate(cfg)
     assert cfg_for("tuned=fig2_cnn_cpu/alg1", "method.lr=0.3").method.lr == 0.3
 
 

@@ -154,3 +154,12 @@ def test_tiny_multirun_sweep_end_to_end(tmp_path):
     assert all(r.rows[-1]["step"] == 60 for r in runs)
     p2 = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p2.stdout.count("[skip]") == 2                           # a finished sweep: nothing
+
+
+@pytest.mark.parametrize("task", ["a5a", "cnn"])
+def test_readme_quotes_the_committed_reduction_table(task):
+    """The README's Expected results show exactly the rows of results/fig2/reduction.csv (the
+    reduction at the best baseline's final level, its interval, the paper's claim against it)."""
+    table = fig2.readme_table(task, REPO / "results" / "fig2" / "reduction.csv")
+    assert table in (REPO / "README.md").read_text()
+    assert "| Alg. 1 (RandK) |" in table
