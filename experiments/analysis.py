@@ -307,20 +307,20 @@ def bootstrap_reduction(c_method: np.ndarray, c_base: np.ndarray, *, resamples: 
 
 @dataclass
 class Level:
-    kind: str      # "eps" | "baseline_final"
+    kind: str               # "eps" | "baseline_final"
     value: float
+    base: str | None = None  # for "baseline_final": whose final level it is
 
 
 def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequence[float],
                    baselines: Sequence[str], budget: float, width: float, task: str) -> list[dict]:
     """The rows of reduction.csv for one panel (docs/statistics.md): every method, both metrics
-    (smoothed and raw first hit), every eps and the best baseline's final level."""
+    (smoothed and raw first hit), every eps, and the final level of every baseline that runs to
+    the budget (the best baseline's, the lowest level, first), each against that baseline."""
     finals = {b: final_level(groups[b], key, budget, width) for b in baselines if b in groups}
     finals = {b: v for b, v in finals.items() if not math.isnan(v)}
     levels = [Level("eps", float(e)) for e in eps_list]
-    final_base = min(finals, key=finals.get) if finals else None
-    if final_base is not None:
-        levels.append(Level("baseline_final", finals[final_base]))
+    levels += [Level("baseline_final", finals[b], b) for b in sorted(finals, key=finals.get)]
     rows = []
     for metric, w in (("smoothed_first_hit", width), ("raw_first_hit", None)):
         curves_ = {m: {r.config["seed"]: run_curve(r, key, w) for r in rs} for m, rs in groups.items()}
@@ -329,7 +329,7 @@ def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequ
                     for m, cs in curves_.items()}
             censored = 0
             if level.kind == "baseline_final":
-                base = final_base
+                base = level.base
                 for s, h in hits[base].items():     # censor the baseline at the budget
                     if math.isnan(h):
                         hits[base][s] = float(curves_[base][s][0][-1])
@@ -377,9 +377,9 @@ def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, w
             smv = smooth(comm, val, width)
             raw.append(np.where(past, np.nan, val[np.clip(idx, 0, None)]))
             sm.append(np.where(past, np.nan, smv[np.clip(idx, 0, None)]))
-        with np.errstate(all="ignore"):
-            lraw = np.log(np.where(np.array(raw) > 0, raw, 1e-300))
-            lsm = np.log(np.where(np.array(sm) > 0, sm, 1e-300))
+        with np.errstate(all="ignore"):     # NaN (past a run's end) stays NaN
+            lraw = np.log(np.clip(np.array(raw), 1e-300, None))
+            lsm = np.log(np.clip(np.array(sm), 1e-300, None))
         byts = np.stack([_bytes_at(r, grid) for r in runs])
         boot = rng.integers(0, len(runs), size=(resamples, len(runs)))
         with np.errstate(all="ignore"), warnings.catch_warnings():
