@@ -32,7 +32,8 @@ CNN_PROFILE ?= $(shell $(PY) -c "import torch; print('paper' if torch.cuda.is_av
 TUNED_LOGREG = configs/tuned/fig2_logreg
 TUNED_CNN = configs/tuned/fig2_cnn_cpu
 
-.PHONY: help install test test-slow bench logreg fig2 fig2-logreg fig2-cnn fig2-plot tune-fig2 tune-fig2-cnn \
+.PHONY: help install test test-slow bench bench-cnn gpu-check logreg fig2 fig2-logreg fig2-cnn fig2-plot \
+        tune-fig2 tune-fig2-cnn \
         fig3 fig4 fig5 fig6 fig7 fig8 sbatch-preview wandb-sync clean
 
 help:  ## list the targets
@@ -55,7 +56,6 @@ test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m scripts.bench_logreg
 
-.PHONY: bench-cnn gpu-check
 bench-cnn: $(STAMP)  ## CNN step time on CPU (CPU profile, Fig. 2 panel methods): where it goes, results/bench/cnn.md
 	$(PY) -m scripts.bench_cnn --out results/bench/cnn.md
 
