@@ -12,6 +12,7 @@ import io
 import json
 import math
 import warnings
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,8 +247,12 @@ def smooth(comm: np.ndarray, val: np.ndarray, width: float) -> np.ndarray:
     the trailing window (comm[i] - width, comm[i]]. Non-positive values count as 1e-300 (a
     metric at or below zero is "arrived"); a non-finite value makes every window holding it
     +inf (a diverged run never arrives)."""
+    if not width > 0:
+        raise ValueError(f"the smoothing window must be > 0, got {width}")
     comm = np.asarray(comm, dtype=float)
     val = np.asarray(val, dtype=float)
+    if np.any(np.diff(comm) < 0):
+        raise ValueError("uplink must not decrease along a run's rows")
     logv = np.log(np.where(val > 0, val, 1e-300))
     logv = np.where(np.isfinite(val), logv, np.inf)
     csum = np.concatenate([[0.0], np.cumsum(np.where(np.isfinite(logv), logv, 0.0))])
@@ -260,9 +265,9 @@ def smooth(comm: np.ndarray, val: np.ndarray, width: float) -> np.ndarray:
     return np.where(cinf[end] - cinf[start] > 0, np.inf, np.exp(mean))
 
 
-def hit(comm: np.ndarray, val: np.ndarray, level: float) -> float:
-    """Uplink at the first row with val <= level (NaN if none)."""
-    idx = np.nonzero(np.asarray(val) <= level)[0]
+def hit(comm: np.ndarray, val: np.ndarray, level: float, budget: float = math.inf) -> float:
+    """Uplink at the first row with val <= level and uplink <= budget (NaN if none)."""
+    idx = np.nonzero((np.asarray(val) <= level) & (np.asarray(comm) <= budget * (1 + 1e-9)))[0]
     return float(comm[idx[0]]) if idx.size else math.nan
 
 
@@ -317,6 +322,10 @@ def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequ
     """The rows of reduction.csv for one panel (docs/statistics.md): every method, both metrics
     (smoothed and raw first hit), every eps, and the final level of every baseline that runs to
     the budget (the best baseline's, the lowest level, first), each against that baseline."""
+    seeds = {m: sorted(r.config["seed"] for r in rs) for m, rs in groups.items()}
+    if len({tuple(v) for v in seeds.values()}) > 1:
+        raise ValueError("every method needs runs for the same seeds (the reduction pairs them); "
+                         f"got {seeds}: re-run the sweep to finish the missing runs")
     finals = {b: final_level(groups[b], key, budget, width) for b in baselines if b in groups}
     finals = {b: v for b, v in finals.items() if not math.isnan(v)}
     levels = [Level("eps", float(e)) for e in eps_list]
@@ -325,14 +334,15 @@ def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequ
     for metric, w in (("smoothed_first_hit", width), ("raw_first_hit", None)):
         curves_ = {m: {r.config["seed"]: run_curve(r, key, w) for r in rs} for m, rs in groups.items()}
         for level in levels:
-            hits = {m: {s: hit(c, v, level.value) for s, (c, v) in cs.items()}
+            hits = {m: {s: hit(c, v, level.value, budget) for s, (c, v) in cs.items()}
                     for m, cs in curves_.items()}
+            reached = {m: sum(not math.isnan(h) for h in hm.values()) for m, hm in hits.items()}
             censored = 0
             if level.kind == "baseline_final":
                 base = level.base
                 for s, h in hits[base].items():     # censor the baseline at the budget
                     if math.isnan(h):
-                        hits[base][s] = float(curves_[base][s][0][-1])
+                        hits[base][s] = float(budget)
                         censored += 1
             else:
                 reach = {b: np.mean(list(hits[b].values())) for b in baselines if b in hits
@@ -340,20 +350,20 @@ def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequ
                 base = min(reach, key=reach.get) if reach else None
             for m in groups:
                 hm = hits[m]
-                reached = sum(not math.isnan(h) for h in hm.values())
-                comm = float(np.mean(list(hm.values()))) if reached == len(hm) else math.nan
+                complete = not any(math.isnan(h) for h in hm.values())   # (censored: complete)
+                comm = float(np.mean(list(hm.values()))) if complete else math.nan
                 row = {"task": task, "method": m, "metric": metric, "level": level.kind,
-                       "eps": level.value, "comm": comm, "seeds_reached": reached,
+                       "eps": level.value, "comm": comm, "seeds_reached": reached[m],
                        "seeds": len(hm), "baseline": base or "",
                        "baseline_comm": math.nan, "baseline_censored": censored,
                        "reduction": math.nan, "ci_low": math.nan, "ci_high": math.nan}
                 if base is not None:
                     hb = hits[base]
                     row["baseline_comm"] = float(np.mean(list(hb.values())))
-                    common = sorted(set(hm) & set(hb))
+                    common = sorted(hm)                      # the same seeds (checked above)
                     cm = np.array([hm[s] for s in common])
                     cb = np.array([hb[s] for s in common])
-                    if m != base and common and not np.isnan(cm).any():
+                    if m != base and not np.isnan(cm).any():
                         row["reduction"], row["ci_low"], row["ci_high"] = bootstrap_reduction(cm, cb)
                 rows.append(row)
     return rows
@@ -366,9 +376,9 @@ def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, w
     latter over seeds (``ci_low``, ``ci_high``), min and max of the raw metric over seeds, and
     the mean wire bytes. Grid points past the end of a label's runs are left out."""
     grid = comm_grid(budget, points)
-    rng = np.random.default_rng(0)
     out = []
     for label, runs in groups.items():
+        rng = np.random.default_rng(zlib.crc32(label.encode()))   # per label: stable bands
         raw, sm = [], []
         for r in runs:
             comm, val = run_curve(r, key, None)

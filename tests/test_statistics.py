@@ -147,3 +147,58 @@ def test_final_level_and_reduction_at_it_on_exponential_curves(tmp_path):
     # at a fixed eps the capped baseline counts when it gets there first, in every seed
     eps = {r["method"]: r for r in rows if r["level"] == "eps" and r["metric"] == "raw_first_hit"}
     assert eps["alg1"]["baseline"] == "ef21_muon" and eps["ef21_muon"]["comm"] == 291.0
+
+
+def test_ratio_of_means_not_mean_of_ratios():
+    # C_b varies by seed: 1 - (10 + 450) / (100 + 900) = 0.54; a mean of ratios would say 0.70
+    point, _, _ = bootstrap_reduction(np.array([10.0, 450]), np.array([100.0, 900]))
+    assert point == pytest.approx(0.54)
+
+
+def test_censoring_ordering_and_pairing_at_the_baselines_final_levels(tmp_path):
+    # Two baselines run to the budget: "vr" ends lower than "gluon", so its level comes first.
+    # Gluon's seed 1 ends above Gluon's own final level (a mean over both seeds): it is censored
+    # at the budget, and counted as not reached in seeds_reached. The reduction is a ratio of
+    # means over the paired seeds.
+    c = np.arange(0, 1001, dtype=float)
+    for s, a in enumerate((1.0, 2.0)):
+        _fake(tmp_path, "g", s, c, a * np.exp(-c / 200), "gluon", 1000)
+        _fake(tmp_path, "v", s, c, 0.5 * a * np.exp(-c / 200), "vr_marina", 1000)
+        _fake(tmp_path, "m", s, c, a * np.exp(-c / 100), "alg1", 1000)
+    groups = {}
+    for r in analysis.load_runs(tmp_path):
+        groups.setdefault(r.config["method"]["name"], []).append(r)
+    rows = reduction_rows(groups, "gap", eps_list=[], baselines=["gluon", "vr_marina"],
+                          budget=1000, width=50.0, task="t")
+    sm = [r for r in rows if r["metric"] == "smoothed_first_hit"]
+    assert list(dict.fromkeys(r["baseline"] for r in sm)) == ["vr_marina", "gluon"]
+    at_gluon = {r["method"]: r for r in sm if r["baseline"] == "gluon"}
+    level = final_level(groups["gluon"], "gap", 1000, 50.0)
+    hits = {m: [hit(c, smooth(c, a * np.exp(-c / tau), 50.0), level, 1000) for a in (1.0, 2.0)]
+            for m, tau in (("gluon", 200), ("alg1", 100))}
+    assert not math.isnan(hits["gluon"][0]) and math.isnan(hits["gluon"][1])
+    g = at_gluon["gluon"]
+    assert g["seeds_reached"] == 1 and g["baseline_censored"] == 1
+    assert g["baseline_comm"] == pytest.approx((hits["gluon"][0] + 1000) / 2)
+    m = at_gluon["alg1"]
+    assert m["reduction"] == pytest.approx(1 - np.mean(hits["alg1"]) / np.mean([hits["gluon"][0], 1000]))
+
+
+def test_a_value_at_the_level_counts_and_rows_past_the_budget_do_not():
+    c = np.array([0.0, 10, 20, 30])
+    v = np.array([1.0, 0.5, 0.25, 0.1])
+    assert hit(c, v, 0.25) == 20.0
+    assert math.isnan(hit(c, v, 0.1, budget=25))
+
+
+def test_methods_with_different_seeds_are_refused(tmp_path):
+    c = np.arange(0, 11, dtype=float)
+    _fake(tmp_path, "g", 0, c, np.exp(-c), "gluon", 10)
+    _fake(tmp_path, "g", 1, c, np.exp(-c), "gluon", 10)
+    _fake(tmp_path, "m", 0, c, np.exp(-c), "alg1", 10)
+    groups = {}
+    for r in analysis.load_runs(tmp_path):
+        groups.setdefault(r.config["method"]["name"], []).append(r)
+    with pytest.raises(ValueError, match="same seeds"):
+        reduction_rows(groups, "gap", eps_list=[0.1], baselines=["gluon"], budget=10, width=2.0,
+                       task="t")
