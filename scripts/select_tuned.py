@@ -83,7 +83,10 @@ def main(argv=None):
     for name, (score, cfg, group) in sorted(best.items()):
         if math.isinf(score):
             print(f"warning: every {name} candidate diverged or fell short of the budget")
-        (out / f"{name}.yaml").write_text(tuned_yaml(cfg, score, criterion, args.sweep))
+        end = scored_range(group, budget)
+        crit = criterion if end == budget else CRITERION.format(metric=args.metric, budget=end) + \
+            f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
+        (out / f"{name}.yaml").write_text(tuned_yaml(cfg, score, crit, args.sweep))
         print(f"{name:18s} score {score:8.4f}  method {cfg['method']}  compressor {cfg['compressor']}")
     if args.table:
         write_csv(table, Path(args.table))
