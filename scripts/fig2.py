@@ -144,6 +144,7 @@ def plot(out: Path = FIG) -> None:
             x = [r["comm"] for r in rs]
             ls = "--" if m in spec["baselines"] else "-"
             (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.6,
+                              color=f"C{_order(m) % 10}",    # one colour per method, both panels
                               label=label(m, settings.get(m)))
             ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
                             color=line.get_color(), alpha=0.2, lw=0)
