@@ -10,8 +10,8 @@ from .compressors import (COMPRESSORS, QSGD, Compressor, Identity, Natural, Pack
                           TopK, Zero, make_compressor, message_seed)
 from .engine import simulate, simulate_module, train
 from .lmo import LMOS, RMS, Block, Euclidean, Sign, Spectral, assign_lmos, make_lmo, newton_schulz
-from .methods import (METHODS, resolve_method, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate,
-                      Method, VRMarina, check_hparams, make_method)
+from .methods import (METHODS, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate, Method,
+                      MethodSpec, VRMarina, check_hparams, make_method, method_spec, resolve_method)
 from .worker import ModuleOracle, Oracle, Worker
 
 __version__ = "0.1.0"

@@ -11,7 +11,8 @@ the error-feedback memory. ``self.u`` holds u^k during step k; u^{k+1} is drawn 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -57,7 +58,8 @@ class Method:
     name = "method"
     needs = "any"  # which compressors the theory allows: "unbiased", "contraction" or "any"
     # Whether the 1/B trick (``scale_by_B``) is consistent with the method at all. The default
-    # of the switch is per method name, in ``METHODS_DEFAULTS`` (on for alg1 and alg2 only).
+    # of the switch is per method name, in its registry record's ``defaults`` (on for alg1 and
+    # alg2 only).
     allows_scale_by_B = True
 
     def __init__(self, params: Sequence[Tensor], workers: Sequence[Worker], comm: Comm,
@@ -110,7 +112,7 @@ class Method:
         (C(a x) = a C(x), a > 0: identity, RandK, TopK, zero, qsgd). For Alg. 2 too: e restarts
         at 0 on every sync and every step in between is scaled by the same 1/B, so e is 1/B
         times the unscaled memory and C(Delta/B + e) = C(Delta + e_unscaled)/B (a test checks
-        it). Default per method name (``METHODS_DEFAULTS``): on for alg1 and alg2 only.
+        it). Default per method name (``METHODS[name].defaults``): on for alg1 and alg2 only.
         """
         d = w.oracle.grad_diff(self.params, self.prev, w.sample(1))
         if self.scale_by_B and not self.u and self.B > 1:
@@ -298,7 +300,7 @@ class EF21Muon(Method):
         return self.g
 
 
-# ---------------------------------------------------------------- names and the factory
+# ---------------------------------------------------------------- checks
 
 def _check_kind(method, c: Compressor):
     if isinstance(c, Identity) or method.needs == "any":
@@ -330,31 +332,76 @@ def check_hparams(*, lr=None, beta=None, q=None, B=None):
         raise ValueError(f"B must be a positive integer, got {B}")
 
 
-# name -> (class, fixed settings, settings the user may set)
-# The defaults of settings the user may set are the class's, except those in METHODS_DEFAULTS.
-METHODS = {
-    "alg1": (Alg1, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "alg2": (Alg2, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "alg3": (Alg3, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "alg4": (Alg4, {}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "gluon": (Alg1, {"q": 1.0, "B": 1, "compressor": "identity"}, {"beta", "lr"}),
-    "vr_marina": (VRMarina, {"update": "gradient"}, {"q", "B", "beta", "lr", "full", "scale_by_B"}),
-    "ef21_muon": (EF21Muon, {}, {"beta", "lr"}),
-    "local_gluon": (Alg2, {"compressor": "zero"}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "local_gluon_ecmvr": (Alg4, {"compressor": "zero"}, {"q", "B", "beta", "lr", "scale_by_B"}),
-    "vr_gluon": (Alg1, {"compressor": "identity"}, {"q", "B", "beta", "lr", "scale_by_B"}),
-}
+# ---------------------------------------------------------------- the registry: one record per method
 
-# name -> defaults that differ per name (applied by resolve_method when the user sets nothing).
+class MethodSpec(NamedTuple):
+    """What a method name means: its class and what it fixes, reads and defaults.
+
+    ``compressor``: the compressor the method always uses (None: any its class accepts, see
+    ``Method.needs``). ``update``: "lmo" (Gluon's LMO step) or "gradient" (X <- X - lr M).
+    ``fixed``: hyperparameters the method fixes; setting them to something else is an error.
+    ``settings``: the hyperparameters the user may set. ``defaults``: per-name defaults of
+    settings left unset (the class's own defaults apply otherwise). ``rule``: the method's own
+    rule, applied to the hyperparameters after the defaults (returns them, or raises).
+    """
+    cls: type[Method]
+    compressor: str | None
+    update: str
+    fixed: Mapping[str, Any]
+    settings: frozenset[str]
+    defaults: Mapping[str, Any]
+    rule: Callable[[dict], dict] | None
+    doc: str
+
+
+UPDATES = ("lmo", "gradient")
+
+
+def _spec(cls, compressor, update, fixed, settings, defaults, rule, doc) -> MethodSpec:
+    """A record with read-only ``fixed``/``defaults``, frozen ``settings`` and a known update."""
+    if update not in UPDATES:
+        raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+    return MethodSpec(cls, compressor, update, MappingProxyType(dict(fixed)),
+                      frozenset(settings), MappingProxyType(dict(defaults)), rule, doc)
+
+
+def _vr_gluon_rule(hp: dict) -> dict:
+    """Section 2.2's variance-reduced Gluon: uncompressed with q * B = 1, so B = 1/q and q must
+    be 1/B for an integer B; a B given as well must be that one."""
+    q = hp.get("q", 1.0)
+    check_hparams(q=q)
+    B = max(1, round(1.0 / q)) if q > 0 else None
+    if B is None or abs(q * B - 1.0) > 1e-9:
+        raise ValueError(f"vr_gluon needs q = 1/B for an integer B; got q = {q}")
+    if hp.get("B", B) != B:
+        raise ValueError(f"vr_gluon sets B = 1/q = {B}; got B = {hp['B']}")
+    return {**hp, "B": B}
+
+
+_SYNC = {"q", "B", "beta", "lr", "scale_by_B"}     # the settings of the methods with syncs
+_MOMENTUM = {"beta", "lr"}
 # scale_by_B, the paper's 1/B trick (Section 6.1: "we empirically improve Algorithms 1 and 2 by
 # scaling y by 1/B when u^k = 0"): on for alg1 and alg2 only. Every other name that takes it
 # (alg3, vr_gluon, local_gluon, vr_marina) defaults to off, where turning it on is an extension
 # beyond the paper; alg4 and local_gluon_ecmvr refuse it (see Alg4).
-METHODS_DEFAULTS = {name: {"scale_by_B": name in ("alg1", "alg2")}
-                    for name, (_, _, allowed) in METHODS.items() if "scale_by_B" in allowed}
+_TRICK, _NO_TRICK = {"scale_by_B": True}, {"scale_by_B": False}
+
+METHODS: dict[str, MethodSpec] = {
+    # name                     class     compressor  update      fixed               settings          defaults   rule            doc
+    "alg1":              _spec(Alg1,     None,       "lmo",      {},                 _SYNC,            _TRICK,    None,           "Alg. 1, unbiased Q"),
+    "alg2":              _spec(Alg2,     None,       "lmo",      {},                 _SYNC,            _TRICK,    None,           "Alg. 2, EF, contraction C"),
+    "alg3":              _spec(Alg3,     None,       "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Alg. 3, MVR, unbiased Q"),
+    "alg4":              _spec(Alg4,     None,       "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Alg. 4, EF + MVR, contraction C"),
+    "gluon":             _spec(Alg1,     "identity", "lmo",      {"q": 1.0, "B": 1}, _MOMENTUM,        {},        None,           "Gluon: Alg. 1, q = B = 1"),
+    "vr_marina":         _spec(VRMarina, None,       "gradient", {},                 _SYNC | {"full"}, _NO_TRICK, None,           "VR-MARINA with momentum"),
+    "ef21_muon":         _spec(EF21Muon, None,       "lmo",      {},                 _MOMENTUM,        {},        None,           "EF21-Muon, uplink only"),
+    "local_gluon":       _spec(Alg2,     "zero",     "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Local Gluon: Alg. 2, C = 0"),
+    "local_gluon_ecmvr": _spec(Alg4,     "zero",     "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Local Gluon EC-MVR: Alg. 4, C = 0"),
+    "vr_gluon":          _spec(Alg1,     "identity", "lmo",      {},                 _SYNC,            _NO_TRICK, _vr_gluon_rule, "VR Gluon (Sec. 2.2): B = 1/q"),
+}
 
 
-def method_spec(name: str):
+def method_spec(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
     return METHODS[name]
@@ -363,44 +410,35 @@ def method_spec(name: str):
 def resolve_method(name: str, compressor: Compressor, hparams: dict):
     """Check a method's name, compressor and hyperparameters without building anything.
 
-    Returns (class, hyperparameters, update kind). Settings that a method fixes (gluon: q = 1,
-    B = 1, identity compressor) are applied here; setting them to something else is an error,
-    not silently ignored. Per-name defaults (``METHODS_DEFAULTS``: scale_by_B on for alg1 and
-    alg2 only) fill settings left unset. Experiments call this before loading any data.
+    Returns (class, hyperparameters, update kind), all read from the method's record in
+    ``METHODS``. Settings that a method fixes (gluon: q = 1, B = 1, identity compressor) are
+    applied here; setting them to something else is an error, not silently ignored. Per-name
+    defaults (scale_by_B on for alg1 and alg2 only) fill settings left unset, then the method's
+    own rule applies (vr_gluon: B = 1/q). Experiments call this before loading any data.
     """
-    cls, fixed, allowed = method_spec(name)
+    spec = method_spec(name)
     hparams = {k: v for k, v in hparams.items() if v is not None}
-    unknown = set(hparams) - allowed - set(fixed)
+    unknown = set(hparams) - spec.settings - set(spec.fixed)
     if unknown:
-        raise ValueError(f"method {name!r} takes {sorted(allowed)}; got unexpected {sorted(unknown)}")
-    for key, value in fixed.items():
-        if key == "compressor":
-            if compressor.name != value:
-                raise ValueError(f"method {name!r} always uses the {value!r} compressor; "
-                                 f"got {compressor.name!r}")
-        elif key == "update":
-            continue
-        elif key in hparams and hparams[key] != value:
+        raise ValueError(f"method {name!r} takes {sorted(spec.settings)}; "
+                         f"got unexpected {sorted(unknown)}")
+    for key, value in spec.fixed.items():
+        if key in hparams and hparams[key] != value:
             raise ValueError(f"method {name!r} fixes {key} = {value}; got {hparams[key]}")
-        else:
-            hparams[key] = value
-    for key, value in METHODS_DEFAULTS.get(name, {}).items():
+        hparams[key] = value
+    if spec.compressor is not None and compressor.name != spec.compressor:
+        raise ValueError(f"method {name!r} always uses the {spec.compressor!r} compressor; "
+                         f"got {compressor.name!r}")
+    for key, value in spec.defaults.items():
         hparams.setdefault(key, value)
-    _check_scale_by_B(name, cls, hparams.get("scale_by_B", False))
-    if name == "vr_gluon":   # Section 2.2: uncompressed with q * B = 1
-        q = hparams.get("q", 1.0)
-        check_hparams(q=q)
-        B = max(1, round(1.0 / q)) if q > 0 else None
-        if B is None or abs(q * B - 1.0) > 1e-9:
-            raise ValueError(f"vr_gluon needs q = 1/B for an integer B; got q = {q}")
-        if hparams.get("B", B) != B:
-            raise ValueError(f"vr_gluon sets B = 1/q = {B}; got B = {hparams['B']}")
-        hparams["B"] = B
+    _check_scale_by_B(name, spec.cls, hparams.get("scale_by_B", False))
+    if spec.rule is not None:
+        hparams = spec.rule(hparams)
     check_hparams(**{k: hparams.get(k) for k in ("lr", "beta", "q", "B")})
     if "lr" not in hparams:
         raise ValueError(f"method {name!r} needs a learning rate lr")
-    _check_kind(cls, compressor)
-    return cls, hparams, fixed.get("update", "lmo")
+    _check_kind(spec.cls, compressor)
+    return spec.cls, hparams, spec.update
 
 
 def make_method(name: str, params, workers, comm, *, compressor: Compressor, blocks=None,

@@ -7,13 +7,15 @@ estimate = mean of the workers' G (= their momenta with the identity compressor)
 radius gamma ||M|| = VR-MARINA, Alg. 2 / Alg. 4 with the identity compressor = Alg. 1 / Alg. 3,
 the MVR estimator of Alg. 3 / Alg. 4 tracking the exact gradient on a deterministic oracle, and
 the 1/B trick (per-method defaults; scaling Delta before compression = scaling y after it for
-Alg. 2). Then uplink cost accounting, determinism, input validation, checkpoint/resume and
-divergence handling.
+Alg. 2). Then uplink cost accounting, determinism, input validation, checkpoint/resume,
+divergence handling, and the method registry (one typed record per name).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
+import itertools
 import math
 from pathlib import Path
 
@@ -25,8 +27,8 @@ from gluon.comm import InProcessComm
 from gluon.compressors import Identity, Natural, QSGD, RandK, TopK, Zero
 from gluon.engine import simulate, train
 from gluon.lmo import Block, Euclidean
-from gluon.methods import (METHODS, METHODS_DEFAULTS, Alg1, Alg2, Alg4, LMOUpdate, Method,
-                           VRMarina, resolve_method)
+from gluon.methods import (METHODS, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate,
+                           Method, MethodSpec, VRMarina, method_spec, resolve_method)
 from gluon.worker import Oracle, Worker
 
 torch.set_num_threads(1)
@@ -291,8 +293,8 @@ def test_scale_by_B_defaults_follow_the_paper(name):
     assert build(name, comp).scale_by_B is expected
     _, hp, _ = resolve_method(name, comp, {"lr": 0.1})
     assert hp.get("scale_by_B", False) is expected
-    assert METHODS_DEFAULTS.get(name, {}).get("scale_by_B", False) is expected
-    takes_it = "scale_by_B" in METHODS[name][2]
+    assert METHODS[name].defaults.get("scale_by_B", False) is expected
+    takes_it = "scale_by_B" in METHODS[name].settings
     if takes_it and name not in REFUSE_SCALE_BY_B:     # the switch stays: it can be turned on
         assert build(name, comp, scale_by_B=True).scale_by_B is True
         assert build(name, comp, scale_by_B=False).scale_by_B is False
@@ -317,7 +319,7 @@ def test_method_configs_state_the_registry_default_of_scale_by_B(path):
     cfg = OmegaConf.load(path).method
     assert cfg.name in METHODS
     if "scale_by_B" in cfg:
-        assert cfg.scale_by_B is METHODS_DEFAULTS[cfg.name]["scale_by_B"]
+        assert cfg.scale_by_B is METHODS[cfg.name].defaults["scale_by_B"]
 
 
 class Alg2ScaleAfterCompression(Alg2):
@@ -679,6 +681,148 @@ def test_same_seed_same_iterates_different_seed_different_iterates(name, comp):
     assert_same(a, b)
     assert ca == cb
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+# ---------------------------------------------------------------- the registry: one record per name
+
+SYNC = {"q", "B", "beta", "lr", "scale_by_B"}
+# name -> (class, compressor it always uses, update rule, hyperparameters it fixes, settings),
+# written out here independently of gluon.methods
+REGISTRY = {
+    "alg1": (Alg1, None, "lmo", {}, SYNC),
+    "alg2": (Alg2, None, "lmo", {}, SYNC),
+    "alg3": (Alg3, None, "lmo", {}, SYNC),
+    "alg4": (Alg4, None, "lmo", {}, SYNC),
+    "gluon": (Alg1, "identity", "lmo", {"q": 1.0, "B": 1}, {"beta", "lr"}),
+    "vr_marina": (VRMarina, None, "gradient", {}, SYNC | {"full"}),
+    "ef21_muon": (EF21Muon, None, "lmo", {}, {"beta", "lr"}),
+    "local_gluon": (Alg2, "zero", "lmo", {}, SYNC),
+    "local_gluon_ecmvr": (Alg4, "zero", "lmo", {}, SYNC),
+    "vr_gluon": (Alg1, "identity", "lmo", {}, SYNC),
+}
+
+
+def expected_defaults(name):
+    return {"scale_by_B": PAPER_SCALE_BY_B.get(name, False)} if "scale_by_B" in REGISTRY[name][4] else {}
+
+
+def test_registry_names_are_the_documented_ones():
+    assert set(METHODS) == set(REGISTRY) == set(COMPRESSOR_FOR)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_method_is_a_typed_record_with_its_fixed_compressor_and_update_rule(name):
+    cls, compressor, update, fixed, settings = REGISTRY[name]
+    spec = METHODS[name]
+    assert isinstance(spec, MethodSpec) and method_spec(name) is spec
+    assert (spec.cls, spec.compressor, spec.update) == (cls, compressor, update)
+    assert dict(spec.fixed) == fixed and spec.settings == frozenset(settings)
+    assert dict(spec.defaults) == expected_defaults(name)
+    assert spec.rule is None or name == "vr_gluon"
+    assert spec.doc and "\n" not in spec.doc
+    # fixed are hyperparameters only (the compressor and update rule have their own fields),
+    # never also settable; defaults are for settings only
+    assert not set(spec.fixed) & ({"compressor", "update"} | spec.settings)
+    assert set(spec.defaults) <= spec.settings
+    # immutable: the record, its mappings and its settings
+    with pytest.raises(AttributeError):
+        spec.update = "gradient"
+    with pytest.raises(TypeError):
+        spec.fixed["q"] = 0.5
+    with pytest.raises(TypeError):
+        spec.defaults["scale_by_B"] = True
+    assert isinstance(spec.settings, frozenset)
+    # the record's compressor and update rule are what a method built by name gets
+    comp = COMPRESSOR_FOR[name]
+    if compressor is not None:
+        assert comp.name == compressor
+        with pytest.raises(ValueError, match=f"always uses the {compressor!r} compressor"):
+            resolve_method(name, TopK(0.25) if compressor != "topk" else RandK(0.25), {"lr": 0.1})
+    m = build(name, comp)
+    assert type(m) is cls
+    assert type(m.update) is (GradientUpdate if update == "gradient" else LMOUpdate)
+    assert resolve_method(name, comp, {"lr": 0.1})[2] == update
+
+
+@pytest.mark.parametrize("q,B", [(0.25, 4), (0.5, 2), (1.0, 1), (0.1, 10), (1 / 3, 3)])
+def test_vr_gluon_rule_sets_B_to_one_over_q_and_lives_with_its_entry(q, B):
+    rule = METHODS["vr_gluon"].rule
+    assert rule.__module__ == "gluon.methods" and "vr_gluon" in rule.__name__
+    assert rule({"q": q, "lr": 0.1}) == {"q": q, "lr": 0.1, "B": B}
+    assert rule({"q": q, "B": B}) == {"q": q, "B": B}
+    with pytest.raises(ValueError, match=f"vr_gluon sets B = 1/q = {B}; got B = {B + 1}"):
+        rule({"q": q, "B": B + 1})
+    assert resolve_method("vr_gluon", Identity(), {"q": q, "lr": 0.1})[1]["B"] == B
+    # the rule is vr_gluon's own: the same q without it leaves B to the class (alg1) or the user
+    assert "B" not in resolve_method("alg1", Identity(), {"q": q, "lr": 0.1})[1]
+    assert [n for n, s in METHODS.items() if s.rule is not None] == ["vr_gluon"]
+
+
+@pytest.mark.parametrize("q", [0.3, 0.0, 0.7, 0.26])
+def test_vr_gluon_rule_refuses_q_that_is_not_one_over_an_integer(q):
+    with pytest.raises(ValueError, match=f"vr_gluon needs q = 1/B for an integer B; got q = {q}"):
+        METHODS["vr_gluon"].rule({"q": q})
+    with pytest.raises(ValueError, match="1/B"):
+        resolve_method("vr_gluon", Identity(), {"q": q, "lr": 0.1})
+
+
+def test_resolve_method_reads_records_and_special_cases_no_name():
+    src = inspect.getsource(resolve_method)
+    assert not [name for name in METHODS if f'"{name}"' in src or f"'{name}'" in src]
+
+
+GRID_VALUES = {"q": [None, 0.25, 0.3, 1.0], "B": [None, 1, 4], "beta": [None, 0.0, 0.9],
+               "scale_by_B": [None, False, True], "full": [None, False]}
+GRID = [dict(zip(GRID_VALUES, v)) for v in itertools.product(*GRID_VALUES.values())]
+
+
+def expected_resolution(name, hp):
+    """What resolve_method must return for ``hp`` (lr = 0.1 added), from REGISTRY alone:
+    the class, the given settings plus the fixed ones, the defaults of settings left unset, and
+    vr_gluon's B = 1/q; or a ValueError matching the returned pattern."""
+    cls, _, update, fixed, settings = REGISTRY[name]
+    given = {k: v for k, v in hp.items() if v is not None}
+    errors = []
+    if set(given) - settings - set(fixed):
+        errors.append("got unexpected")
+    errors += [f"fixes {k} = " for k, v in fixed.items() if k in given and given[k] != v]
+    out = {**given, "lr": 0.1, **fixed}
+    for k, v in expected_defaults(name).items():
+        out.setdefault(k, v)
+    if out.get("scale_by_B") and name in REFUSE_SCALE_BY_B:
+        errors.append("cannot use scale_by_B")
+    if name == "vr_gluon":
+        B = {0.25: 4, 1.0: 1}.get(out.get("q", 1.0))
+        if B is None:
+            errors.append("q = 1/B for an integer B")
+        elif out.get("B", B) != B:
+            errors.append("sets B = 1/q")
+        out["B"] = B
+    return (cls, out, update), "|".join(errors)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_resolve_method_applies_fixed_settings_defaults_and_rules_over_a_grid(name):
+    comp, n_ok = COMPRESSOR_FOR[name], 0
+    for hp in GRID:
+        given = {**hp, "lr": 0.1}
+        before = dict(given)
+        expected, errors = expected_resolution(name, hp)
+        if errors:
+            with pytest.raises(ValueError, match=errors):
+                resolve_method(name, comp, given)
+        else:
+            assert resolve_method(name, comp, given) == expected, hp
+            n_ok += 1
+        assert given == before      # the caller's dict is left alone
+    assert n_ok >= 3
+    assert METHODS[name] == method_spec(name)
+    assert dict(METHODS[name].fixed) == REGISTRY[name][3]     # resolving does not touch the record
+
+
+def test_method_spec_of_an_unknown_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown method 'adam'; choose one of \['alg1', 'alg2'"):
+        method_spec("adam")
 
 
 # ---------------------------------------------------------------- bad input
