@@ -129,5 +129,9 @@ sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluste
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
+.PHONY: test-slurm
+test-slurm: $(STAMP)  ## SLURM for real (root): one-node cluster here, installed if missing; sweep, requeue, re-run, srun
+	scripts/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
+
 clean:  ## remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun
