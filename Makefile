@@ -68,63 +68,63 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 	  hydra.run.dir=results/runs/example
 
 tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
-	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) +experiment=tune_fig2/$$m || exit 1; done
-	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
+	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) experiment=tune_fig2/$$m || exit 1; done
+	$(PY) -m paper.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
 tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
-	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) +experiment=tune_fig2_cnn/$$m || exit 1; done
-	$(PY) -m scripts.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
+	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) experiment=tune_fig2_cnn/$$m || exit 1; done
+	$(PY) -m paper.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
 fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
-	$(LOGREG_SWEEP) +experiment=fig2_logreg
-	$(PY) -m scripts.fig2 aggregate --task logreg
-	$(PY) -m scripts.fig2 plot
+	$(LOGREG_SWEEP) experiment=fig2_logreg
+	$(PY) -m paper.fig2 aggregate --task logreg
+	$(PY) -m paper.fig2 plot
 
 fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (CPU profile without a GPU; CNN_PROFILE=paper|cpu to choose)
-	$(CNN_SWEEP) +experiment=fig2_cnn_$(CNN_PROFILE)
-	$(PY) -m scripts.fig2 aggregate --task cnn --sweep results/sweeps/fig2_cnn_$(CNN_PROFILE)
-	$(PY) -m scripts.fig2 plot
+	$(CNN_SWEEP) experiment=fig2_cnn_$(CNN_PROFILE)
+	$(PY) -m paper.fig2 aggregate --task cnn --sweep results/sweeps/fig2_cnn_$(CNN_PROFILE)
+	$(PY) -m paper.fig2 plot
 
 fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
-	$(PY) -m scripts.fig2 plot
+	$(PY) -m paper.fig2 plot
 
 fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 
 fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
-	$(LOGREG_SWEEP) +experiment=$@
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(LOGREG_SWEEP) experiment=$@
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 fig4: $(STAMP)  ## Alg. 1: large batch B x RandK density (App. G)
-	$(LOGREG_SWEEP) +experiment=$@
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(LOGREG_SWEEP) experiment=$@
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G; after fig4)
-	$(LOGREG_SWEEP) +experiment=$@
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(LOGREG_SWEEP) experiment=$@
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 fig5: $(STAMP)  ## Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig. 2)
-	$(LOGREG_SWEEP) +experiment=tune_fig2/alg1
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(LOGREG_SWEEP) experiment=tune_fig2/alg1
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
-	$(LOGREG_SWEEP) +experiment=tune_fig2/vr_marina
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(LOGREG_SWEEP) experiment=tune_fig2/vr_marina
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, ~40 min on 2 cores)
-	$(CNN_SWEEP) +experiment=$@
-	$(CNN_SWEEP) +experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
-	$(PY) -m scripts.ablation aggregate $@
-	$(PY) -m scripts.ablation plot $@
+	$(CNN_SWEEP) experiment=$@
+	$(CNN_SWEEP) experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
+	$(PY) -m paper.ablation aggregate $@
+	$(PY) -m paper.ablation plot $@
 
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
-	$(PY) -m experiments.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) +experiment=$(EXP)
+	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .comm import InProcessComm
+from .comm import Comm, InProcessComm
 from .compressors import Compressor
 from .lmo import SCION_HEAD_SCALE, assign_lmos
 from .methods import Method, make_method
@@ -15,10 +15,15 @@ from .worker import Oracle, Worker
 
 
 def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *,
-             compressor: Compressor, blocks=None, seed: int = 0, **hparams) -> Method:
-    """n = len(oracles) workers in this process, worker tau owning ``oracles[tau]``."""
-    comm = InProcessComm(len(oracles), seed=seed)
-    workers = [Worker(r, o, seed) for r, o in enumerate(oracles)]
+             compressor: Compressor, blocks=None, seed: int = 0, comm: Comm | None = None,
+             **hparams) -> Method:
+    """n = len(oracles) workers in this process, worker tau owning ``oracles[tau]``.
+
+    ``comm`` replaces the in-process simulation by another backend (e.g.
+    :class:`gluon.distributed.TorchDistComm`): only the workers it hosts (``comm.local_workers``)
+    are built, so ``oracles`` needs to hold only theirs (a mapping rank -> oracle will do)."""
+    comm = comm if comm is not None else InProcessComm(len(oracles), seed=seed)
+    workers = [Worker(r, oracles[r], seed) for r in comm.local_workers]
     return make_method(method, list(params), workers, comm, compressor=compressor,
                        blocks=blocks, seed=seed, **hparams)
 
@@ -26,14 +31,14 @@ def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *
 def simulate_module(method: str, model: nn.Module, oracles: Sequence[Oracle], *,
                     compressor: Compressor, lmo_rules=None, lmo_default: str = "scion",
                     ns_steps: int = 5, head_scale: float = SCION_HEAD_SCALE, seed: int = 0,
-                    **hparams) -> Method:
+                    comm: Comm | None = None, **hparams) -> Method:
     """As :func:`simulate` for a ``torch.nn.Module``: LMOs assigned by name and shape
     (:func:`gluon.lmo.assign_lmos`; the head's radius is ``head_scale`` times lr)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     blocks = assign_lmos([(n, p.shape) for n, p in named], lmo_rules, lmo_default, ns_steps,
                          head_scale)
     return simulate(method, [p.data for _, p in named], oracles, compressor=compressor,
-                    blocks=blocks, seed=seed, **hparams)
+                    blocks=blocks, seed=seed, comm=comm, **hparams)
 
 
 def is_finite(params: Sequence[Tensor]) -> bool:

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from experiments.cifar import Cifar
-from experiments.cnn_task import build
-from experiments.common import validate
+from experiments.tasks.cifar10 import Cifar
+from experiments.tasks.cnn import build
+from experiments.run.config import validate
 
 
 class Clock:
@@ -106,7 +106,9 @@ def bench(method_name: str, args) -> dict:
     cfg = config(method_name, args.steps, args.threads, args.q, args.B, args.widths)
     torch.set_num_threads(args.threads)
     compressor = validate(cfg)
-    method, _, extra = build(cfg, compressor, data=None if args.real else random_data())
+    built = build(cfg, compressor, data=None if args.real else random_data())
+
+    method, extra = built.method, built.summary
     clock = Clock()
     for o in {id(w.oracle): w.oracle for w in method.workers}.values():
         o.grad = clock.wrap("gradients (fwd+bwd)", o.grad)

@@ -20,8 +20,8 @@ import torch
 
 import gluon
 import gluon.methods as gm
-from experiments.datasets import libsvm_file
-from experiments.logreg_task import LogRegOracle, load_libsvm, split
+from experiments.paths import libsvm_file
+from experiments.tasks.logreg import LogRegOracle, load_libsvm, split
 
 SETTINGS = {
     "gluon": ("identity", {}),

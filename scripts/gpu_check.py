@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.cnn_task import ieee_fp32, precision_settings
+from experiments.tasks.cnn import ieee_fp32, precision_settings
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "results/gpu_check/gpu_check.json"
@@ -87,7 +87,7 @@ def overrides(spec: dict, method_args, steps: int, n_workers: int) -> list[str]:
 
 def synthetic(n_train: int, n_test: int, seed: int = 0, classes: int = 10):
     """Learnable stand-in for CIFAR-10: a class colour, stripes for odd classes, noise."""
-    from experiments.cifar import Cifar
+    from experiments.tasks.cifar10 import Cifar
     g = torch.Generator().manual_seed(seed)
     base = torch.rand(classes, 3, 1, 1, generator=g) * 160 + 40
     stripes = (torch.arange(32) // 4 % 2).float().view(1, 1, 1, 32) * 40
@@ -105,7 +105,7 @@ def synthetic(n_train: int, n_test: int, seed: int = 0, classes: int = 10):
 
 def find_data(args) -> tuple:
     """(Cifar, note): CIFAR-10 where the experiments look for it (no download), else synthetic."""
-    from experiments.cifar import Cifar, load_cifar10
+    from experiments.tasks.cifar10 import Cifar, load_cifar10
     n_train, n_test = (512, 128) if args.tiny else (4096, 512)
     if args.synthetic:
         return synthetic(n_train, n_test), "synthetic images (--synthetic)"
@@ -125,7 +125,7 @@ def find_data(args) -> tuple:
 
 
 def on_device(data, device):
-    from experiments.cifar import Cifar
+    from experiments.tasks.cifar10 import Cifar
     return Cifar(data.train_x.to(device), data.train_y.to(device), data.test_x.to(device),
                  data.test_y.to(device), data.classes, data.source, data.origin)
 
@@ -182,15 +182,15 @@ class Checks:
 # ---------------------------------------------------------------- 1 + 3: steps and speed
 
 def run_method(name: str, spec: dict, data, checks: Checks) -> dict:
-    from experiments.cnn_task import build
-    from experiments.common import validate
+    from experiments.tasks.cnn import build
+    from experiments.run.config import validate
     from gluon import EF21Muon
     cfg = compose_cfg(overrides(spec, [f"method={name}"], spec["steps"], spec["n_workers"]))
     compressor = validate(cfg)
     device = torch.device(spec["device"])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    method, evaluate, extra = build(cfg, compressor, data=data)
+    method, evaluate, extra = build(cfg, compressor, data=data)[:3]
     start = [p.detach().clone() for p in method.params]
     loss0 = evaluate.train_loss()
     syncs, timed = 0, 0
@@ -241,13 +241,13 @@ def plain(node) -> dict:
 # ---------------------------------------------------------------- 2: bf16 vs fp32 Delta
 
 def delta_check(spec: dict, data, checks: Checks) -> dict:
-    from experiments.cnn_task import build
-    from experiments.common import validate
+    from experiments.tasks.cnn import build
+    from experiments.run.config import validate
     from gluon import encode, make_compressor
     from gluon.worker import Oracle
     steps = spec["delta_steps"]
     cfg = compose_cfg(overrides(spec, ["method=gluon"], steps, spec["n_workers"]))
-    method, _, _ = build(cfg, validate(cfg), data=data)
+    method = build(cfg, validate(cfg), data=data).method
     for _ in range(steps):
         method.step()
     X, X_prev = [p.detach().clone() for p in method.params], [p.clone() for p in method.prev]
@@ -335,14 +335,14 @@ def delta_check(spec: dict, data, checks: Checks) -> dict:
 def _dist_run(spec: dict, rank: int, dense: str) -> dict:
     """One rank's alg1 run on TorchDistComm, built exactly as gluon.simulate builds worker rank."""
     import torch.distributed as dist
-    from experiments.cnn_task import build
-    from experiments.common import method_hparams, validate
+    from experiments.tasks.cnn import build
+    from experiments.run.config import method_hparams, validate
     from gluon import Worker, make_method
     from gluon.distributed import TorchDistComm
     cfg = compose_cfg(overrides(spec, DIST_METHOD, spec["dist_steps"], DIST_WORLD))
     compressor = validate(cfg)
     data = on_device(synthetic(*spec["dist_data"]), spec["device"])
-    sim, _, _ = build(cfg, compressor, data=data)   # every shard and oracle, as the simulation
+    sim = build(cfg, compressor, data=data).method   # every shard and oracle, as the simulation
     comm = TorchDistComm(cfg.seed, dense=dense)
     worker = Worker(rank, sim.workers[rank].oracle, cfg.seed)
     method = make_method(cfg.method.name, sim.params, [worker], comm, compressor=compressor,
@@ -381,14 +381,14 @@ def dist_entry(rank: int, world: int, port: int, spec: dict, out: str) -> None:
 
 
 def _simulate_reference(spec: dict) -> dict:
-    from experiments.cnn_task import build
-    from experiments.common import validate
+    from experiments.tasks.cnn import build
+    from experiments.run.config import validate
     cfg = compose_cfg(overrides(spec, DIST_METHOD, spec["dist_steps"], DIST_WORLD))
     data = on_device(synthetic(*spec["dist_data"]), spec["device"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # as the processes: CPU results can depend on the threads
     try:
-        method, _, _ = build(cfg, validate(cfg), data=data)
+        method = build(cfg, validate(cfg), data=data).method
         syncs = 0
         with deterministic():
             while method.k < spec["dist_steps"]:
@@ -404,7 +404,7 @@ def _simulate_reference(spec: dict) -> dict:
 
 def _spawn(spec: dict, out: str) -> str:
     import torch.multiprocessing as mp
-    from scripts.dist_logreg import free_port
+    from experiments.run.world import free_port
     cuda = torch.device(spec["device"]).type == "cuda"
     # CUDA cannot be used in a forked child once the parent has initialised it: spawn there
     start = spec.get("start_method") or "auto"
@@ -426,8 +426,22 @@ def _spawn(spec: dict, out: str) -> str:
     return start
 
 
+def compare(a: dict, b: dict, atol: float) -> dict:
+    """Parameters within ``atol``, ledgers equal, measured bytes equal to the ledger's."""
+    import math
+    diff = max(float((x - y).abs().max()) for x, y in zip(a["params"], b["params"]))
+    same_ledger = (a["ledger"]["messages"] == b["ledger"]["messages"]
+                   and a["ledger"]["bytes"] == b["ledger"]["bytes"]
+                   and all(math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-12)
+                           for x, y in zip(a["ledger"]["cost"], b["ledger"]["cost"])))
+    measured_ok = all(r.get("measured_bytes_per_worker") is None
+                      or r["measured_bytes_per_worker"] == r["ledger"]["bytes"] for r in (a, b))
+    return {"max_abs_param_diff": diff, "params_close": diff <= atol, "ledgers_equal": same_ledger,
+            "measured_bytes_equal_ledger": measured_ok,
+            "ok": diff <= atol and same_ledger and measured_ok}
+
+
 def dist_check(spec: dict, checks: Checks, tmpdir: Path) -> dict:
-    from scripts.dist_logreg import compare
     out = tmpdir / "dist_results.pt"
     t0 = time.perf_counter()
     for attempt in range(2):   # a port taken between free_port() and bind: once more

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import cifar
-from experiments.atomic import atomic_write, atomic_write_text
-from experiments.logreg_task import cached_f_star
+from experiments.tasks import cifar10 as cifar
+from experiments.run.atomic import atomic_write, atomic_write_text
+from experiments.tasks.logreg import cached_f_star
 
 N_PROC = 4
 ROUNDS = 4          # fresh cache directories per collision test

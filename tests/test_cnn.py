@@ -9,27 +9,28 @@ import math
 import tarfile
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
-from experiments import datasets
-from experiments.airbench import (N_PARAMS, Airbench94, GhostBatchNorm, count_params,
+from experiments import paths as datasets
+from experiments.tasks.airbench import (N_PARAMS, Airbench94, GhostBatchNorm, count_params,
                                   init_whitening, patch_second_moment, recalibrate_bn)
-from experiments.cifar import Cifar, augment, load_cifar10, normalize
-from experiments.cnn_task import CifarOracle, build
-from experiments.common import validate
-from experiments.runner import execute
+from experiments.tasks.cifar10 import Cifar, augment, load_cifar10, normalize
+from experiments.tasks import cnn as cnn_task
+from experiments.tasks.cnn import CifarOracle, build
+from experiments.run.config import validate
+from experiments.run.lifecycle import execute
 from gluon.lmo import RMS, Sign, Spectral
+from tests.conftest import compose_config
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
 
 def cfg_for(*overrides):
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        return compose(config_name="cnn", overrides=list(overrides))
+    return compose_config("cnn", *overrides)
 
 
 def synthetic(n_train=64, n_test=32, classes=4, seed=0) -> Cifar:
@@ -148,7 +149,7 @@ def test_recalibration_sets_pooled_statistics_and_eval_matches_train_mode():
 def test_evaluator_leaves_model_in_train_mode_and_is_deterministic():
     cfg = cfg_for("profile=cpu", "method=gluon", "batch_size=8", "task.eval_train=32",
                   "task.eval_test=16", "steps=4", "log_every=1", "eval_every=2")
-    method, evaluate, extra = build(cfg, validate(cfg), data=synthetic())
+    method, evaluate = build(cfg, validate(cfg), data=synthetic())[:2]
     a, b = evaluate(method), evaluate(method)
     assert a == b and set(a) == {"loss", "test_loss", "test_acc"}
     assert method.workers[0].oracle.model.training
@@ -156,14 +157,14 @@ def test_evaluator_leaves_model_in_train_mode_and_is_deterministic():
     assert set(evaluate(method)) == {"loss"}                # test metrics every eval_every steps
     bad = cfg_for("profile=cpu", "method=gluon", "log_every=10", "eval_every=15")
     with pytest.raises(ValueError, match="multiple of log_every"):
-        build(bad, validate(bad), data=synthetic())
+        validate(bad, cnn_task)                             # refused before any data
 
 
 # ------------------------------------------------------------------ LMOs
 
 def test_lmo_for_every_layer():
     cfg = cfg_for("profile=cpu", "method=alg1", "batch_size=8")
-    method, _, extra = build(cfg, validate(cfg), data=synthetic())
+    method, extra = build(cfg, validate(cfg), data=synthetic())[::2]
     model = method.workers[0].oracle.model
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     blocks = method.update.blocks
@@ -267,7 +268,7 @@ def test_overrides_compose():
     # the CPU panel: experiment + tuned settings beat the CNN defaults; the command line beats both
     for name, comp in [("gluon", "identity"), ("alg1", "randk"), ("alg2", "topk"),
                        ("ef21_muon", "topk")]:
-        cfg = cfg_for("+experiment=fig2_cnn_cpu", f"tuned=fig2_cnn_cpu/{name}")
+        cfg = cfg_for("experiment=fig2_cnn_cpu", f"tuned=fig2_cnn_cpu/{name}")
         assert (cfg.method.name, cfg.compressor.name) == (name, comp)
         assert (cfg.max_comm, cfg.steps, cfg.log_every, cfg.log_comm, cfg.eval_every) == \
             (500, 6000, 0, 1.0, 0)
@@ -286,7 +287,8 @@ def test_short_run_loss_falls(method, extra, tmp_path):
                   "eval_every=12", "batch_size=4", "method.lr=0.05", "method.beta=0.5",
                   "task.eval_train=16", "task.eval_test=16", "task.whiten_images=64",
                   "checkpoint_every=0", f"results_dir={tmp_path}")
-    summary = execute(cfg, tmp_path / "run", partial(build, data=synthetic()))
+    task = SimpleNamespace(check=cnn_task.check, build=partial(build, data=synthetic()))
+    summary = execute(cfg, tmp_path / "run", task)
     assert summary["status"] == "ok" and summary["steps_done"] == 12
     # the cpu profile narrows the widths to 16/64/64: 127,096 parameters
     assert summary["n_params"] == 127_096 == count_params(Airbench94(widths=(16, 64, 64)))["total"]

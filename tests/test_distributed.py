@@ -1,14 +1,19 @@
-"""TorchDistComm on 4 real gloo processes equals the in-process simulation.
+"""``comm=torchdist``: the same run on real gloo processes equals the in-process simulation.
 
-One start of 4 processes (``torch.multiprocessing``, fork where available) runs every method in sequence (one process
-group, cheaper than a spawn per method); the parent runs the same jobs with InProcessComm and
-compares parameters (atol 1e-6; bitwise with dense all_gather), the ledger (exactly), and the
-bytes each rank put into the collectives against the ledger's bytes (exactly).
+One start of 4 processes (``torch.multiprocessing``, fork where available) runs every case of
+:data:`CASES` through the run lifecycle (:func:`experiments.run.lifecycle.execute`, as the
+entry point does under torchrun) in one process group; the parent runs the same configs
+simulated. Compared: metrics.jsonl row by row (bitwise for compressed messages and for dense
+ones gathered with ``dense_collective=all_gather``; within 1e-6 for the dense all_reduce), the
+final parameters, the ledger, and the bytes each rank put into the collectives. A last test
+starts ``torchrun -m experiments.logreg comm=torchdist`` itself.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,55 +23,94 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.run.checkpoint import CHECKPOINT
+from experiments.run.lifecycle import execute
+from experiments.run.record import read_metrics, read_summary
+from experiments.run.world import free_port, open_world
+from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor
-from scripts import dist_logreg as dl
+from tests.conftest import REPO, compose_config
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
 
 WORLD, STEPS, SEED, Q = 4, 40, 1, 0.3
-COMMON = ["--steps", str(STEPS), "--seed", str(SEED), "--beta", "0.9", "--lr", "0.05"]
-SPARSE = ["--density", "0.1"]
+COMMON = [f"steps={STEPS}", f"seed={SEED}", "method.beta=0.9", "method.lr=0.05", "log_every=5",
+          "checkpoint_every=0", "keep_checkpoint=true", f"n_workers={WORLD}", "progress_s=0"]
+SPARSE = ["compressor.density=0.1"]
 CASES = {
-    "alg1-randk": ["--method", "alg1", "--compressor", "randk", *SPARSE, "--q", str(Q), "--B", "2"],
-    "alg2-topk": ["--method", "alg2", "--compressor", "topk", *SPARSE, "--q", str(Q), "--B", "2"],
-    "alg3-randk": ["--method", "alg3", "--compressor", "randk", *SPARSE, "--q", str(Q), "--B", "2"],
-    "alg4-topk": ["--method", "alg4", "--compressor", "topk", *SPARSE, "--q", str(Q), "--B", "2"],
-    "gluon": ["--method", "gluon"],
-    "vr_marina-randk": ["--method", "vr_marina", "--compressor", "randk", *SPARSE, "--q", str(Q)],
-    "ef21_muon-topk": ["--method", "ef21_muon", "--compressor", "topk", *SPARSE],
-    "local_gluon": ["--method", "local_gluon", "--q", str(Q), "--B", "2"],
-    "alg1-natural": ["--method", "alg1", "--compressor", "natural", "--q", str(Q), "--B", "2"],
-    "alg3-qsgd": ["--method", "alg3", "--compressor", "qsgd", "--levels", "4", "--q", str(Q)],
-    # dense messages through all_gather + the simulation's stack().mean(0): bit-identical
-    "alg1-randk-exact": ["--method", "alg1", "--compressor", "randk", *SPARSE, "--q", str(Q),
-                         "--B", "2", "--dense", "all_gather"],
+    "alg1-randk": ["method=alg1", "compressor=randk", *SPARSE, f"method.q={Q}", "method.B=2"],
+    "alg2-topk": ["method=alg2", "compressor=topk", *SPARSE, f"method.q={Q}", "method.B=2"],
+    "alg3-randk": ["method=alg3", "compressor=randk", *SPARSE, f"method.q={Q}", "method.B=2"],
+    "alg4-topk": ["method=alg4", "compressor=topk", *SPARSE, f"method.q={Q}", "method.B=2"],
+    "gluon": ["method=gluon"],
+    "vr_marina-randk": ["method=vr_marina", "compressor=randk", *SPARSE, f"method.q={Q}"],
+    "ef21_muon-topk": ["method=ef21_muon", "compressor=topk", *SPARSE],
+    "local_gluon": ["method=local_gluon", f"method.q={Q}", "method.B=2"],
+    "alg1-natural": ["method=alg1", "compressor=natural", f"method.q={Q}", "method.B=2"],
+    "alg3-qsgd": ["method=alg3", "compressor=qsgd", "compressor.levels=4", f"method.q={Q}"],
+    # dense messages (Gluon's, and Alg. 1's at a synchronisation) gathered and averaged as the
+    # simulation does: bit-identical; the others sum dense messages in the all_reduce's order
+    "gluon-exact": ["method=gluon", "dense_collective=all_gather"],
+    "alg1-randk-exact": ["method=alg1", "compressor=randk", *SPARSE, f"method.q={Q}", "method.B=2",
+                         "dense_collective=all_gather"],
 }
-JOBS = {name: args + COMMON for name, args in CASES.items()}
 START = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
+def _rank_entry(rank: int, world: int, port: int, results: str, out: str) -> None:
+    """One rank: join the group, run every case through the lifecycle (rank 0 writes)."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    w = open_world("torchdist", "cpu")
+    try:
+        for name, overrides in CASES.items():
+            cfg = compose_config("logreg", *overrides, *COMMON, f"results_dir={results}",
+                                 "comm=torchdist")
+            w.dense = str(cfg.dense_collective.value)
+            execute(cfg, Path(out) / name, task, w)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
-def dist_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "results.pt"
-    names = list(JOBS)
+def results(tmp_path_factory):
+    """A results folder holding the f* cache (computed once, not by every process)."""
+    out = tmp_path_factory.mktemp("results")
+    (out / "cache").mkdir()
+    for f in (REPO / "results" / "cache").glob("fstar-*.json"):
+        shutil.copy(f, out / "cache" / f.name)
+    cfg = compose_config("logreg", f"results_dir={out}")
+    task.build(cfg, make_compressor("identity"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dist_runs(tmp_path_factory, results):
+    out = tmp_path_factory.mktemp("dist")
     for attempt in range(2):   # a port taken between free_port() and bind: try once more
         try:
-            # fork: the children inherit the imported modules (torch, sklearn) instead of
-            # importing them 4 times over; spawn_entry sets 1 thread first (DataLoader-style)
-            mp.start_processes(dl.spawn_entry, args=(WORLD, dl.free_port(),
-                                                     [JOBS[n] for n in names], str(out)),
+            mp.start_processes(_rank_entry, args=(WORLD, free_port(), str(results), str(out)),
                                nprocs=WORLD, join=True, start_method=START)
             break
         except Exception:
             if attempt:
                 raise
-    return dict(zip(names, torch.load(out, weights_only=False)))
+    return out
 
 
 @pytest.fixture(scope="module")
-def sim_results():
-    return {n: dl.run_simulated(dl.parse_args(job)) for n, job in JOBS.items()}
+def sim_runs(tmp_path_factory, results):
+    out = tmp_path_factory.mktemp("sim")
+    for name, overrides in CASES.items():
+        execute(compose_config("logreg", *overrides, *COMMON, f"results_dir={results}"),
+                out / name, task)
+    return out
+
+
+def _params(run_dir: Path) -> list[torch.Tensor]:
+    return torch.load(run_dir / CHECKPOINT, weights_only=False)["method"]["params"]
 
 
 def test_both_coin_outcomes_occur():
@@ -75,58 +119,95 @@ def test_both_coin_outcomes_occur():
     assert any(draws) and not all(draws)
 
 
-@pytest.mark.parametrize("name", list(JOBS))
-def test_parameters_equal_simulation(name, dist_results, sim_results):
-    d, s = dist_results[name], sim_results[name]
-    assert d["steps"] == s["steps"] == STEPS
-    assert d["n_workers"] == s["n_workers"] == WORLD
-    assert d["max_rank_diff"] == 0.0, "ranks disagree on the parameters"
-    for a, b in zip(d["params"], s["params"]):
-        assert torch.isfinite(a).all()
-        if name.endswith("-exact"):
-            assert torch.equal(a, b)
-        else:
+@pytest.mark.parametrize("name", list(CASES))
+def test_metrics_and_parameters_equal_simulation(name, dist_runs, sim_runs):
+    d, s = dist_runs / name, sim_runs / name
+    rows_d, rows_s = read_metrics(d), read_metrics(s)
+    assert len(rows_d) == len(rows_s) == STEPS // 5 + 1
+    pd, ps = _params(d), _params(s)
+    assert not torch.equal(pd[0], torch.zeros_like(pd[0]))
+    if not name.endswith("-exact"):
+        for a, b in zip(pd, ps):
             assert torch.allclose(a, b, rtol=0.0, atol=1e-6), float((a - b).abs().max())
-    assert not torch.equal(d["params"][0], torch.zeros_like(d["params"][0]))
+        for a, b in zip(rows_d, rows_s):
+            assert a["comm"] == b["comm"] and a["bytes"] == b["bytes"]
+            assert abs(a["gap"] - b["gap"]) <= 1e-6
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(pd, ps))
+        assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("name", list(JOBS))
-def test_ledger_and_measured_bytes(name, dist_results, sim_results):
-    d, s = dist_results[name], sim_results[name]
-    assert d["ledger"] == s["ledger"]                      # cost, bytes, messages: exactly
-    assert d["measured_bytes_per_worker"] == d["ledger"]["bytes"]
+@pytest.mark.parametrize("name", list(CASES))
+def test_ledger_and_measured_bytes(name, dist_runs, sim_runs):
+    d, s = read_summary(dist_runs / name), read_summary(sim_runs / name)
+    assert d["status"] == s["status"] == "ok"
+    assert d["comm"] == s["comm"] and d["bytes"] == s["bytes"]       # the library's accounting
+    sent = d["wire"]["measured_bytes_per_worker"]                      # what went on the wire
+    assert len(sent) == WORLD and all(b == d["bytes"] for b in sent)
+    assert d["wire"]["processes"] == WORLD and "wire" not in s
     if name == "local_gluon":   # only the dense syncs send anything
-        assert 0 < d["measured_bytes"] < STEPS * 124 * 4
+        assert 0 < d["bytes"] < STEPS * 124 * 4
 
 
-def test_sparse_runs_send_less(dist_results):
-    dense = dist_results["gluon"]["measured_bytes"]
+def test_sparse_runs_send_less(dist_runs):
+    dense = read_summary(dist_runs / "gluon")["bytes"]
     assert dense == STEPS * 124 * 4
     for name in ("alg1-randk", "alg2-topk", "local_gluon"):
-        assert dist_results[name]["measured_bytes"] < dense
+        assert read_summary(dist_runs / name)["bytes"] < dense
 
 
-def test_torchrun_cli_matches_simulate(tmp_path):
-    """The real entry point under torchrun (2 processes to keep it quick) vs --simulate."""
-    flags = ["--method", "alg1", "--compressor", "randk", "--density", "0.05", "--q", "0.5",
-             "--B", "2", "--beta", "0.9", "--lr", "0.05", "--steps", "10", "--seed", "2"]
-    out = tmp_path / "dist.json"
-    env = dict(os.environ, PYTHONPATH=str(Path(dl.__file__).resolve().parents[1]),
-               MASTER_ADDR="127.0.0.1")
+def test_only_rank_0_writes_the_run_folder(dist_runs):
+    files = {p.name for p in (dist_runs / "alg1-randk").iterdir()}
+    assert {"metrics.jsonl", "summary.json", "config.json", CHECKPOINT} <= files
+    assert not [f for f in files if f.endswith(".tmp")]
+
+
+def test_torchrun_entry_point_writes_the_simulations_metrics(tmp_path, results):
+    """`torchrun -m experiments.logreg comm=torchdist` (2 processes, to keep it quick) writes
+    the run folder the simulation writes, byte for byte (dense messages gathered: bit-identical)."""
+    overrides = ["method=alg1", "compressor=randk", "compressor.density=0.05", "method.q=0.5",
+                 "method.B=2", "method.beta=0.9", "method.lr=0.05", "steps=30", "log_every=5",
+                 "seed=2", "n_workers=2", f"results_dir={results}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-           "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{dl.free_port()}",
-           "-m", "scripts.dist_logreg", *flags, "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
-                          cwd=Path(dl.__file__).resolve().parents[1])
+           "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           "-m", "experiments.logreg", "comm=torchdist", "dense_collective=all_gather", *overrides,
+           f"hydra.run.dir={tmp_path / 'dist'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert dl.main(["--simulate", "--n-workers", "2", *flags, "--compare", str(out)]) == 0
+    sim = subprocess.run([sys.executable, "-m", "experiments.logreg", *overrides,
+                          f"hydra.run.dir={tmp_path / 'sim'}"], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    d, s = tmp_path / "dist", tmp_path / "sim"
+    assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
+    sd, ss = read_summary(d), read_summary(s)
+    assert sd["config"]["comm"] == "torchdist" and ss["config"]["comm"] == "sim"
+    assert sd["final"] == ss["final"] and sd["wire"]["processes"] == 2
+    assert "[start]" in (d / "logreg.log").read_text()           # rank 0 logs, once
+    assert (d / "logreg.log").read_text().count("[start]") == 1
+    # the same config was already finished by the simulation: torchrun into its folder skips
+    again = subprocess.run([*cmd[:-1], f"hydra.run.dir={s}"], env=env, capture_output=True,
+                           text=True, timeout=180, cwd=REPO)
+    assert again.returncode == 0 and "[skip]" in again.stdout + again.stderr
+    assert json.loads((s / "summary.json").read_text()) == ss
+
+
+def test_torchdist_without_processes_is_a_config_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.run([sys.executable, "-m", "experiments.logreg", "comm=torchdist",
+                        f"hydra.run.dir={tmp_path / 'r'}"], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 2 and "torchrun" in p.stderr and len(p.stderr.splitlines()) <= 2
+    assert not (tmp_path / "r").exists()
 
 
 # ---------------------------------------------------------------- one process, world size 1
 
 @pytest.fixture
 def world1():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{dl.free_port()}",
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                             rank=0, world_size=1)
     try:
         yield

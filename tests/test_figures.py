@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from experiments import analysis
-from experiments.analysis import log_area, reduction_rows, value_at
-from scripts import fig2, select_tuned
+from paper import statistics as analysis
+from paper.statistics import log_area, reduction_rows, value_at
+from paper import fig2, select_tuned
+from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -27,9 +27,8 @@ def experiment_names():
 @pytest.mark.parametrize("name", experiment_names())
 def test_every_experiment_config_composes(name):
     primary = "cnn" if "cnn" in name or name == "fig8" else "logreg"
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(primary, overrides=[f"+experiment={name}"], return_hydra_config=True)
-    from experiments.common import validate
+    cfg = compose_config(primary, f"experiment={name}", hydra=True)
+    from experiments.run.config import validate
     validate(cfg)  # method, compressor and hyperparameters are valid
     params = cfg.hydra.sweeper.params or {}
     assert params, f"{name} defines no sweep"
@@ -38,10 +37,9 @@ def test_every_experiment_config_composes(name):
 def test_tuned_configs_compose_and_fix_the_method():
     tuned = sorted((CONFIGS / "tuned" / "fig2_logreg").glob("*.yaml"))
     assert {p.stem for p in tuned} >= {"gluon", "vr_marina", "alg1", "alg2", "alg3", "alg4"}
-    from experiments.common import validate
+    from experiments.run.config import validate
     for p in tuned:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("logreg", overrides=[f"tuned=fig2_logreg/{p.stem}"])
+        cfg = compose_config("logreg", f"tuned=fig2_logreg/{p.stem}")
         assert cfg.method.name == p.stem
         validate(cfg)
 

@@ -1,7 +1,7 @@
 """Sweeps: the launcher config group, submitit locally, the sbatch script for SLURM, failures.
 
 No cluster is needed: the SLURM test builds the sbatch script exactly as
-hydra-submitit-launcher would (experiments.sweep.sbatch_script) and checks its #SBATCH lines.
+hydra-submitit-launcher would (experiments.run.sweep.sbatch_script) and checks its #SBATCH lines.
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments.checkpoint import CHECKPOINT
-from experiments.runlog import read_metrics, read_summary
-from experiments.sweep import sbatch_script, sweep_runs
+from experiments.run.checkpoint import CHECKPOINT
+from experiments.run.record import read_metrics, read_summary
+from experiments.run.sweep import sbatch_script, sweep_runs
+from experiments.run.config import run_name
+from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
@@ -36,8 +37,7 @@ def results(tmp_path_factory):
 
 
 def hydra_cfg(*overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("logreg", overrides=list(overrides), return_hydra_config=True)
+    return compose_config("logreg", *overrides, hydra=True)
 
 
 def sweep(*args, env=None, timeout=120):
@@ -56,8 +56,7 @@ def test_launcher_group_defaults_and_choices(monkeypatch):
     gpu = hydra_cfg("launcher=slurm_gpu").hydra.launcher
     assert gpu._target_.endswith("SlurmLauncher") and gpu.gpus_per_node == 1
     # the launcher is not part of a run's identity: same run directory whatever launches it
-    assert "launcher" in OmegaConf.to_container(
-        hydra_cfg().hydra.job.config.override_dirname.exclude_keys)
+    assert run_name(["launcher=local", "seed=1"]) == run_name(["seed=1"]) == "seed=1"
 
 
 def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
@@ -87,16 +86,16 @@ def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
 
 
 def test_sbatch_array_covers_an_experiment_grid(tmp_path, monkeypatch):
-    """+experiment=fig3's grid lives in hydra.sweeper.params, not on the command line."""
+    """experiment=fig3's grid lives in hydra.sweeper.params, not on the command line."""
     monkeypatch.setenv("GLUON_SLURM_ARRAY_PARALLELISM", "1000")
     grid = OmegaConf.load(REPO / "configs" / "experiment" / "fig3.yaml").hydra.sweeper.params
     n = 1
     for values in grid.values():
         n *= len(str(values).split(","))
-    script = sbatch_script("logreg", ["launcher=slurm", "+experiment=fig3",
+    script = sbatch_script("logreg", ["launcher=slurm", "experiment=fig3",
                                       f"hydra.sweep.dir={tmp_path}"])
     assert f"#SBATCH --array=0-{n - 1}%{n}" in script
-    script = sbatch_script("logreg", ["launcher=slurm", "+experiment=fig3", "seed=5",
+    script = sbatch_script("logreg", ["launcher=slurm", "experiment=fig3", "seed=5",
                                       f"hydra.sweep.dir={tmp_path}"])   # the command line wins
     n_seeds = len(str(grid["seed"]).split(","))
     assert f"#SBATCH --array=0-{n // n_seeds - 1}%{n // n_seeds}" in script
@@ -127,18 +126,20 @@ def test_local_submitit_sweep_runs_end_to_end(tmp_path, results):
 
 
 def test_failed_run_does_not_stop_the_sweep_and_rerun_redoes_only_it(tmp_path, results):
-    args = ["method.lr=0.01,-1", "steps=60", "log_every=20", f"results_dir={results}",
+    # a valid config whose run fails at run time (its data set is missing), beside a good one
+    args = ["task.dataset=a5a,no_such_set", "steps=60", "log_every=20", f"results_dir={results}",
             f"hydra.sweep.dir={tmp_path}"]
     first = sweep(*args)
     assert first.returncode != 0                          # the sweep reports the failure ...
-    runs = {_param(d, tmp_path, "method.lr"): s for d, s in sweep_runs(tmp_path).items()}
-    assert runs == {"-1": "failed", "0.01": "ok"}                      # ... after every job
+    runs = {_param(d, tmp_path, "task.dataset"): s for d, s in sweep_runs(tmp_path).items()}
+    assert runs == {"no_such_set": "failed", "a5a": "ok"}              # ... after every job
     assert "1 failed, 1 ok" in first.stdout
     again = sweep(*args)
     assert again.returncode != 0
     assert "[skip]" in again.stdout and again.stdout.count("[skip]") == 1   # only ok skipped
-    failed = next(d for d in sweep_runs(tmp_path) if _param(d, tmp_path, "method.lr") == "-1")
-    assert "lr must be > 0" in read_summary(failed)["error"]
+    failed = next(d for d in sweep_runs(tmp_path)
+                  if _param(d, tmp_path, "task.dataset") == "no_such_set")
+    assert "no_such_set" in read_summary(failed)["error"]
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """The a5a task end to end: data loading, f*, the CLI, bad input, determinism, skip/replace."""
 from __future__ import annotations
 
+import logging
+
 import os
 import subprocess
 import sys
@@ -9,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from scipy.optimize import minimize
 
-from experiments.datasets import DataNotFoundError, libsvm_file
+from experiments.paths import DataNotFoundError, libsvm_file
 from experiments.logreg import run
-from experiments.logreg_task import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
-from experiments.runlog import read_metrics
+from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
+from experiments.run.record import read_metrics
+from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
@@ -34,8 +36,7 @@ def a5a():
 
 
 def cfg(*overrides, tmp=None):
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        c = compose("logreg", overrides=list(overrides))
+    c = compose_config("logreg", *overrides)
     if tmp is not None:
         c.results_dir = str(tmp)
     return c
@@ -116,7 +117,8 @@ def test_run_decreases_gap_and_records_everything(tmp_path):
     assert abs(rows[-1]["gap"] - (rows[-1]["loss"] - s["f_star"])) < 1e-12
 
 
-def test_same_seed_same_run_and_rerun_skips(tmp_path, capsys):
+def test_same_seed_same_run_and_rerun_skips(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="experiments")
     _a5a()
     c = cfg("method=alg2", "steps=300", "log_every=20", tmp=tmp_path)
     run(c, tmp_path / "a")
@@ -126,9 +128,9 @@ def test_same_seed_same_run_and_rerun_skips(tmp_path, capsys):
     run(c2, tmp_path / "c")
     assert read_metrics(tmp_path / "a") != read_metrics(tmp_path / "c")
     before = (tmp_path / "a" / "metrics.jsonl").read_text()
-    capsys.readouterr()
+    caplog.clear()
     run(c, tmp_path / "a")                                      # finished: skipped
-    assert "[skip]" in capsys.readouterr().out
+    assert "[skip]" in caplog.text
     assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
     c3 = cfg("method=alg2", "steps=200", "log_every=20", tmp=tmp_path)
     run(c3, tmp_path / "a")                                     # other config: replaced
@@ -152,13 +154,13 @@ BAD_INPUT = [
     ("method.beta=1.0", "beta must lie in \\[0, 1\\)"),
     ("method.lr=0", "lr must be > 0"),
     ("method.B=0", "B must be a positive integer"),
-    ("n_workers=0", "n_workers must be >= 1"),
+    ("n_workers=0", "n_workers=0: must be >= 1"),
 ]
 
 
 @pytest.mark.parametrize("override,message", BAD_INPUT)
 def test_bad_input_is_rejected_before_compute(override, message, tmp_path, monkeypatch):
-    import experiments.logreg as lr
+    import experiments.tasks.logreg as lr
     def no_data(*a, **k):
         raise AssertionError("data was looked up before the input was checked")
     monkeypatch.setattr(lr, "libsvm_file", no_data)
@@ -181,7 +183,7 @@ def test_cli_reports_bad_input_and_unknown_group_option():
 
 
 def test_method_with_fixed_compressor_rejects_another():
-    from experiments.common import validate
+    from experiments.run.config import validate
     with pytest.raises(ValueError, match="identity"):
         validate(cfg("method=gluon", "compressor=randk"))
     assert validate(cfg("method=gluon")).name == "identity"

@@ -9,6 +9,7 @@ parameters, momentum and estimator bit for bit.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -16,17 +17,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from experiments import runner
-from experiments.checkpoint import CHECKPOINT, SignalGuard
-from experiments.common import validate
-from experiments.logreg import build
-from experiments.runlog import read_summary
-from experiments.runner import execute
+from experiments.run import lifecycle as runner
+from experiments.run.checkpoint import CHECKPOINT, SignalGuard
+from experiments.run.config import validate
+from experiments.tasks import logreg as task
+from experiments.tasks.logreg import build
+from experiments.run.record import read_summary
+from experiments.run.lifecycle import execute
+from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
@@ -49,8 +52,7 @@ def results(tmp_path_factory):
 
 
 def config(*overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose("logreg", overrides=list(overrides))
+    return compose_config("logreg", *overrides)
 
 
 def final_state(run_dir: Path) -> dict:
@@ -113,7 +115,7 @@ def test_killed_run_resumes_bit_identically(tmp_path, results, algorithm, sig):
     ref = tmp_path / "ref"
     run_dir = tmp_path / "interrupted"
     proc = _start(run_dir, overrides)                 # the interrupted run starts first ...
-    execute(config(*overrides), ref, build)           # ... while the reference runs here
+    execute(config(*overrides), ref, task)           # ... while the reference runs here
     code, out = _interrupt(proc, run_dir, sig)
     assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), out
     assert read_summary(run_dir) is None              # not finished: no summary
@@ -145,30 +147,32 @@ def _interrupt_at(monkeypatch, step):
     return real
 
 
-def test_in_process_interrupt_resume_and_config_change(tmp_path, results, monkeypatch, capsys):
+def test_in_process_interrupt_resume_and_config_change(tmp_path, results, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="experiments")
     overrides = ["method=alg1", "steps=400", "log_every=10", "checkpoint_every=100",
                  "keep_checkpoint=true", f"results_dir={results}"]
-    execute(config(*overrides), tmp_path / "ref", build)
+    execute(config(*overrides), tmp_path / "ref", task)
     real = _interrupt_at(monkeypatch, 250)           # after the checkpoint at 200
     with pytest.raises(KeyboardInterrupt):
-        execute(config(*overrides), tmp_path / "run", build)
+        execute(config(*overrides), tmp_path / "run", task)
     assert read_summary(tmp_path / "run") is None and rows(tmp_path / "run") == 26
     monkeypatch.setattr(runner, "train", real)
-    execute(config(*overrides), tmp_path / "run", build)
-    assert "[resume]" in capsys.readouterr().out
+    execute(config(*overrides), tmp_path / "run", task)
+    assert "[resume]" in caplog.text
     assert_same_run(tmp_path / "ref", tmp_path / "run")
     # a finished run is skipped, whatever the checkpoint interval
     execute(config(*overrides[:-3], "checkpoint_every=7", f"results_dir={results}"),
-            tmp_path / "run", build)
-    assert "[skip]" in capsys.readouterr().out
+            tmp_path / "run", task)
+    assert "[skip]" in caplog.text
 
     # a checkpoint written with another config is not used
     _interrupt_at(monkeypatch, 250)
     with pytest.raises(KeyboardInterrupt):
-        execute(config(*overrides), tmp_path / "other", build)
+        execute(config(*overrides), tmp_path / "other", task)
+    caplog.clear()
     monkeypatch.setattr(runner, "train", real)
-    execute(config(*overrides, "method.lr=0.02"), tmp_path / "other", build)
-    out = capsys.readouterr().out
+    execute(config(*overrides, "method.lr=0.02"), tmp_path / "other", task)
+    out = caplog.text
     assert "[resume]" not in out and "starting over" in out
     assert json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 400
 
@@ -177,21 +181,21 @@ def test_failed_run_is_recorded_and_rerun_from_scratch(tmp_path, results):
     overrides = ["method=alg1", "steps=300", "log_every=10", "checkpoint_every=100",
                  f"results_dir={results}"]
 
-    def broken(cfg, compressor):
-        method, evaluate, extra = build(cfg, compressor)
+    def broken(cfg, compressor, world=None):
+        built = build(cfg, compressor, world)
 
         def bad(m):
             if m.k >= 150:
                 raise RuntimeError("boom")
-            return evaluate(m)
-        return method, bad, extra
+            return built.evaluate(m)
+        return built._replace(evaluate=bad)
 
     with pytest.raises(RuntimeError, match="boom"):
-        execute(config(*overrides), tmp_path, broken)
+        execute(config(*overrides), tmp_path, SimpleNamespace(check=task.check, build=broken))
     s = read_summary(tmp_path)
     assert s["status"] == "failed" and "boom" in s["error"]
     assert not (tmp_path / CHECKPOINT).exists()      # a failure starts over
-    summary = execute(config(*overrides), tmp_path, build)
+    summary = execute(config(*overrides), tmp_path, task)
     assert summary["status"] == "ok" and summary["resumed"] is False
 
 
@@ -222,11 +226,11 @@ def test_resume_with_rows_aligned_on_uplink_is_bit_identical(tmp_path, results, 
     same rows as an uninterrupted one, none missing, none twice."""
     overrides = ["method=alg1", "steps=400", "log_every=0", "log_comm=0.5", "checkpoint_every=100",
                  "keep_checkpoint=true", f"results_dir={results}"]
-    execute(config(*overrides), tmp_path / "ref", build)
+    execute(config(*overrides), tmp_path / "ref", task)
     real = _interrupt_at(monkeypatch, 250)
     with pytest.raises(KeyboardInterrupt):
-        execute(config(*overrides), tmp_path / "run", build)
+        execute(config(*overrides), tmp_path / "run", task)
     monkeypatch.setattr(runner, "train", real)
-    execute(config(*overrides), tmp_path / "run", build)
+    execute(config(*overrides), tmp_path / "run", task)
     assert_same_run(tmp_path / "ref", tmp_path / "run")
     assert rows(tmp_path / "ref") > 20

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import analysis
-from experiments.analysis import bootstrap_reduction, final_level, hit, reduction_rows, smooth
+from paper import statistics as analysis
+from paper.statistics import bootstrap_reduction, final_level, hit, reduction_rows, smooth
 
 
 def test_smoothing_a_constant_curve_gives_the_constant():

@@ -1,6 +1,6 @@
 """What a multirun did, reported at its end (a hydra callback, any launcher).
 
-Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.runner.
+Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.lifecycle.
 run_hydra_job`); this callback lists, once every job has returned, each run of this sweep that
 is not finished - failed, interrupted (a checkpoint but no summary) or missing - and exits with
 status 1 so that the command (and ``make``) fails. Re-running the same command re-runs only
@@ -11,7 +11,7 @@ Enabled in an experiment's primary config::
     hydra:
       callbacks:
         sweep_report:
-          _target_: experiments.sweep.SweepReport
+          _target_: experiments.run.sweep.SweepReport
 """
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .checkpoint import CHECKPOINT
-from .runlog import FINISHED, read_summary
+from .record import FINISHED, read_summary
 
 
 
 def run_status(run_dir: Path) -> str:
+    """ok | diverged | failed (summary.json), running (another process holds the run's lock),
+    interrupted (a checkpoint, no summary) or missing."""
+    from .lifecycle import is_locked
     s = read_summary(run_dir)
     if s is not None:
         return s.get("status", "unknown")
+    if is_locked(run_dir):
+        return "running"
     return "interrupted" if (run_dir / CHECKPOINT).exists() else "missing"
 
 
@@ -114,7 +119,7 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from .datasets import REPO
+    from ..paths import REPO
 
     config_dir = str(Path(config_dir or REPO / "configs").resolve())
     first, _ = _split_sweep(overrides)
@@ -143,12 +148,12 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m experiments.sweep sbatch CONFIG [OVERRIDES...]: print the sbatch script."""
+    """python -m experiments.run.sweep sbatch CONFIG [OVERRIDES...]: print the sbatch script."""
     import sys
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "sbatch":
-        raise SystemExit("usage: python -m experiments.sweep sbatch CONFIG [OVERRIDES...]\n"
-                         "  e.g. python -m experiments.sweep sbatch logreg launcher=slurm "
+        raise SystemExit("usage: python -m experiments.run.sweep sbatch CONFIG [OVERRIDES...]\n"
+                         "  e.g. python -m experiments.run.sweep sbatch logreg launcher=slurm "
                          "seed=0,1,2")
     print(sbatch_script(args[1], args[2:]))
 

@@ -3,12 +3,12 @@
 Every run logs its rows with ``comm`` (normalised uplink, the paper's x-axis) as step metric and
 a ``by_bytes/`` copy with the wire ``bytes`` as step metric; it is grouped by experiment (W&B
 group = the figure's experiment name), then by method (job type), and tagged with the figure,
-method, compressor and task (experiments/runlog.py). A dashboard is therefore: the runs of one
+method, compressor and task (experiments/run/record.py). A dashboard is therefore: the runs of one
 experiment (and method), grouped by the swept keys (seeds averaged, min-max band), with the
 suboptimality (or loss) on a log scale against communication and against bytes.
 
-    python -m scripts.wandb_dashboard --print fig3          # the recipe, offline (JSON)
-    python -m scripts.wandb_dashboard --entity ME --project gluon-fl fig3 fig4   # create them
+    python -m paper.wandb_dashboard --print fig3          # the recipe, offline (JSON)
+    python -m paper.wandb_dashboard --entity ME --project gluon-fl fig3 fig4   # create them
 
 Creating needs network, ``WANDB_API_KEY`` and ``pip install wandb-workspaces`` (W&B's
 workspace API, in public preview); the recipe printed by ``--print`` is the same thing to click

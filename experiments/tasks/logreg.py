@@ -21,9 +21,13 @@ import torch
 from sklearn.datasets import load_svmlight_file
 from torch import Tensor
 
+from gluon import simulate
 from gluon.worker import Oracle
 
-from .atomic import atomic_write_text
+from ..paths import REPO, libsvm_file
+from ..run.atomic import atomic_write_text
+from . import Built
+from .sharding import HETEROGENEITY, split
 
 N_FEATURES = 123
 
@@ -34,27 +38,6 @@ def load_libsvm(path: str | Path, n_features: int = N_FEATURES) -> tuple[Tensor,
     A = np.hstack([X.toarray(), np.ones((X.shape[0], 1))]).astype(np.float32)
     b = np.where(y > 0, 1.0, -1.0).astype(np.float32)
     return torch.from_numpy(A), torch.from_numpy(b)
-
-
-def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
-          heterogeneity: str = "iid") -> list[Tensor]:
-    """Index shards of equal size (the remainder is dropped so f = mean of the f^tau).
-
-    ``iid``: a random permutation cut in n_workers pieces. ``label_skew``: examples sorted by
-    label (ties broken at random) before cutting, so workers see different class balances.
-    """
-    if n_workers < 1 or n_workers > n:
-        raise ValueError(f"n_workers must be in [1, {n}], got {n_workers}")
-    gen = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=gen)
-    if heterogeneity == "label_skew":
-        if labels is None:
-            raise ValueError("label_skew needs labels")
-        perm = perm[torch.argsort(labels[perm], stable=True)]
-    elif heterogeneity != "iid":
-        raise ValueError(f"unknown heterogeneity {heterogeneity!r}; use 'iid' or 'label_skew'")
-    size = n // n_workers
-    return [perm[i * size:(i + 1) * size] for i in range(n_workers)]
 
 
 class LogRegOracle(Oracle):
@@ -143,7 +126,7 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
     """f* computed once per (dataset, l2, split) and cached as JSON beside the results.
 
     The jobs of a sweep or SLURM array may all compute it at once on a fresh checkout: the file
-    is written atomically (a private temporary file, then a rename; experiments.atomic), so a
+    is written atomically (a private temporary file, then a rename; experiments.run.atomic), so a
     reader never sees half of it. A cache that cannot be parsed (left truncated by an older
     version) is a miss: f* is recomputed and the file rewritten.
     """
@@ -162,3 +145,45 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
     info.update(key)
     atomic_write_text(path, json.dumps(info, indent=2))
     return info
+
+
+# ---------------------------------------------------------------- the task, for the run lifecycle
+
+def check(cfg) -> None:
+    """The a5a task's own checks (the dataset file is looked for when the data is loaded)."""
+    from ..run.config import plain
+    cfg = plain(cfg)
+    if cfg.task.heterogeneity not in HETEROGENEITY:
+        raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
+                         f"{', '.join(HETEROGENEITY)}")
+    if cfg.task.l2 < 0:
+        raise ValueError(f"task.l2={cfg.task.l2}: must be >= 0")
+
+
+def build(cfg, compressor, world=None) -> Built:
+    """The method over the workers this process hosts (all of them in a simulation), the
+    evaluation (f(x) - f* on the full training set) and what the summary records."""
+    from ..run.config import method_hparams, plain
+    cfg = plain(cfg)
+    A, b = load_libsvm(libsvm_file(cfg.task.dataset, cfg.data_dir))
+    shards = split(len(b), cfg.n_workers, cfg.task.split_seed, b, cfg.task.heterogeneity)
+    used = torch.cat(shards)
+    f, _ = objective(A[used], b[used], cfg.task.l2)
+    fstar = cached_f_star(A[used], b[used], cfg.task.l2, Path(REPO, cfg.results_dir, "cache"),
+                          {"dataset": cfg.task.dataset, "n_workers": cfg.n_workers,
+                           "split_seed": cfg.task.split_seed, "heterogeneity": cfg.task.heterogeneity,
+                           "l2": cfg.task.l2})
+    comm = world.comm(cfg.n_workers, cfg.seed) if world is not None else None
+    ranks = comm.local_workers if comm is not None else range(cfg.n_workers)
+    oracles = {r: LogRegOracle(A[shards[r]], b[shards[r]], cfg.batch_size, cfg.task.l2)
+               for r in ranks}
+    x = torch.zeros(A.shape[1])
+    method = simulate(cfg.method.name, [x], [oracles[r] for r in range(cfg.n_workers)]
+                      if comm is None else oracles, compressor=compressor, seed=cfg.seed,
+                      comm=comm, **method_hparams(cfg.method))
+
+    def evaluate(m):
+        loss = f(m.params[0].double().numpy())
+        return {"loss": loss, "gap": loss - fstar["f_star"]}
+
+    return Built(method, evaluate, {"f_star": fstar["f_star"], "f_star_info": fstar})

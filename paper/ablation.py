@@ -1,7 +1,7 @@
 """Appendix G's ablation figures (Figs. 3-7) from their sweeps.
 
-    python -m scripts.ablation aggregate fig3   # results/sweeps/... -> results/fig3/curves.csv
-    python -m scripts.ablation plot fig3        # results/fig3/curves.csv -> figures/fig3.{png,pdf}
+    python -m paper.ablation aggregate fig3   # results/sweeps/... -> results/fig3/curves.csv
+    python -m paper.ablation plot fig3        # results/fig3/curves.csv -> figures/fig3.{png,pdf}
 
 Figs. 5 and 7 are drawn from the tuning sweeps of Fig. 2 (Alg. 1's and VR-MARINA's learning
 rate / momentum grids, seed 100), as in the paper where the baselines are "tuned in Fig. 7".
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.analysis import curves, flatten, group_runs, load_runs, read_csv, write_csv
+from paper.statistics import curves, flatten, group_runs, load_runs, read_csv, write_csv
 
 # For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
 # the x axes and an optional overlay (another sweep drawn dashed for comparison).
@@ -100,7 +100,7 @@ def competitiveness(runs, base, metric: str, points=(25, 50, 100, 150, 250, 500)
     """Per q: the best lr's training loss (smoothed over the trailing 5% of the budget, as in
     docs/statistics.md) at fixed amounts of uplink, beside the q = 1 baseline's (mean over its
     seeds). A q is competitive at an uplink if its best loss there is at or below Gluon's."""
-    from experiments.analysis import run_curve
+    from paper.statistics import run_curve
 
     def at(run, c):
         comm, sm = run_curve(run, metric, 25.0)

@@ -1,6 +1,6 @@
 """The CIFAR-10 airbench CNN task (docs/algorithms.md section 6): worker oracles, evaluation, ``build``.
 
-Worker tau holds a shard of the training set (``experiments.logreg_task.split``: iid by default,
+Worker tau holds a shard of the training set (``experiments.tasks.logreg.split``: iid by default,
 ``label_skew`` optional) and minimises the mean cross-entropy of airbench94 on augmented
 minibatches of ``batch_size`` images. Gradients come from :class:`gluon.worker.ModuleOracle`
 (``torch.func.functional_call`` on one shared module), so the same module evaluates gradients at
@@ -33,10 +33,11 @@ from gluon import simulate_module
 from gluon.worker import ModuleOracle
 
 from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
-from .cifar import Cifar, augment, load_cifar10, normalize
-from .common import method_hparams
-from .datasets import REPO
-from .logreg_task import split
+from .cifar10 import Cifar, augment, load_cifar10, normalize
+from ..run.config import method_hparams, plain
+from ..paths import REPO
+from . import Built
+from .sharding import HETEROGENEITY, split
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -216,6 +217,10 @@ def load_data(cfg: DictConfig) -> Cifar:
 
 def check(cfg: DictConfig) -> None:
     """The CNN task's own checks (before any data is loaded)."""
+    cfg = plain(cfg)
+    if cfg.task.heterogeneity not in HETEROGENEITY:
+        raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
+                         f"{', '.join(HETEROGENEITY)}")
     if cfg.eval_every < 0 or (cfg.eval_every and (not cfg.log_every or cfg.eval_every % cfg.log_every)):
         raise ValueError(f"eval_every ({cfg.eval_every}) must be 0 (only at the end) or a multiple "
                          f"of log_every ({cfg.log_every}): test metrics are computed on logged rows")
@@ -224,11 +229,11 @@ def check(cfg: DictConfig) -> None:
         raise ValueError(f"task.widths must be three positive channel counts, got {widths}")
 
 
-def build(cfg: DictConfig, compressor, data: Cifar | None = None):
+def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) -> Built:
     """The simulated method, the evaluation closure and what the summary records for CIFAR-10.
     ``data`` replaces the dataset (tests pass a tiny synthetic one)."""
+    cfg = plain(cfg)
     t = cfg.task
-    check(cfg)
     device = pick_device(cfg.device)
     data = data if data is not None else load_data(cfg)
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
@@ -246,12 +251,16 @@ def build(cfg: DictConfig, compressor, data: Cifar | None = None):
         model = model.to(memory_format=torch.channels_last)
     amp = bool(t.amp) and device.type == "cuda"
 
-    oracles = [CifarOracle(model, train_x[s.to(device)], train_y[s.to(device)], cfg.batch_size,
-                           flip=t.flip, translate=t.translate, label_smoothing=t.label_smoothing,
-                           channels_last=channels_last, amp=amp, max_chunk=t.max_chunk)
-               for s in shards]
+    comm = world.comm(cfg.n_workers, cfg.seed) if world is not None else None
+    ranks = comm.local_workers if comm is not None else range(cfg.n_workers)
+    oracles = {r: CifarOracle(model, train_x[shards[r].to(device)], train_y[shards[r].to(device)],
+                              cfg.batch_size, flip=t.flip, translate=t.translate,
+                              label_smoothing=t.label_smoothing, channels_last=channels_last,
+                              amp=amp, max_chunk=t.max_chunk)
+               for r in ranks}
     rules = [tuple(r) for r in (t.lmo_rules or [])]
-    method = simulate_module(cfg.method.name, model, oracles, compressor=compressor,
+    method = simulate_module(cfg.method.name, model, [oracles[r] for r in range(cfg.n_workers)]
+                             if comm is None else oracles, compressor=compressor, comm=comm,
                              lmo_rules=rules, lmo_default=t.lmo_default, ns_steps=t.ns_steps,
                              head_scale=t.get("head_scale", 16.0),
                              seed=cfg.seed, **method_hparams(cfg.method))
@@ -272,4 +281,4 @@ def build(cfg: DictConfig, compressor, data: Cifar | None = None):
                      for n, b in zip(names, getattr(method.update, "blocks", []))},
              "bn": "train: ghost-batch statistics, running stats untouched; "
                    "eval: precise-BN recalibration on the eval_train images"}
-    return method, evaluate, extra
+    return Built(method, evaluate, extra)

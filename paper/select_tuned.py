@@ -1,6 +1,6 @@
 """Pick each method's best setting from a tuning sweep and write it as a hydra config.
 
-    python -m scripts.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
+    python -m paper.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
 
 Criterion (stated in every file written): the mean over seeds of the average of log10(metric)
 over the communication range [0, budget], i.e. the area under the log curve against uplink
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.analysis import group_runs, load_runs, log_area, write_csv
+from paper.statistics import group_runs, load_runs, log_area, write_csv
 
 CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of uplink cost "
              "in [0, {budget:g}] (area under the log curve)")
@@ -55,7 +55,7 @@ def select(runs, metric: str, budget: float):
 def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
     body = OmegaConf.to_yaml(OmegaConf.create({"method": cfg["method"],
                                                "compressor": cfg["compressor"]}))
-    return (f"# @package _global_\n# Written by scripts/select_tuned.py from {source}.\n"
+    return (f"# @package _global_\n# Written by paper/select_tuned.py from {source}.\n"
             f"# Criterion: {criterion}; score {score:.4f} (lower is better).\n"
             f"defaults:\n  - override /method: {cfg['method']['name']}\n"
             f"  - override /compressor: {cfg['compressor']['name']}\n\n{body}")

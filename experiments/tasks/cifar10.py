@@ -13,8 +13,8 @@ file under ``<results_dir>/cache/`` so that a later run loads them in about a se
   release, so figures made from it must say "CIFAR-10 (JPEG export)".
 
 ``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
-disk, else tries the download; if all fail, :class:`~experiments.datasets.DataNotFoundError`
-lists every place it looked. Data directories are searched as in :mod:`experiments.datasets`.
+disk, else tries the download; if all fail, :class:`~experiments.paths.DataNotFoundError`
+lists every place it looked. Data directories are searched as in :mod:`experiments.paths`.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import datasets
-from .atomic import atomic_write
-from .datasets import DataNotFoundError
+from .. import paths as datasets
+from ..run.atomic import atomic_write
+from ..paths import DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 JPEG_DIR = "cifar10-jpeg"
@@ -170,7 +170,7 @@ def _from_splits(splits: dict, source: str, origin: str) -> Cifar:
 
 def _save(c: Cifar, path: Path) -> None:
     """Write the cache atomically: parallel runs on a fresh clone (``make fig2-cnn``, SLURM
-    arrays) all build it at once; each writes a private temporary file (experiments.atomic)."""
+    arrays) all build it at once; each writes a private temporary file (experiments.run.atomic)."""
     payload = {"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
                "test_y": c.test_y, "classes": c.classes, "source": c.source,
                "origin": c.origin, "version": CACHE_VERSION}

@@ -1,8 +1,8 @@
 """Figure 2: aggregate the runs of each panel, write the reduction table, draw the figure.
 
-    python -m scripts.fig2 aggregate --task logreg   # results/sweeps/fig2_logreg  -> results/fig2/
-    python -m scripts.fig2 aggregate --task cnn      # results/sweeps/fig2_cnn_cpu -> results/fig2/
-    python -m scripts.fig2 plot                      # results/fig2/*_curves.csv -> figures/fig2.{png,pdf}
+    python -m paper.fig2 aggregate --task logreg   # results/sweeps/fig2_logreg  -> results/fig2/
+    python -m paper.fig2 aggregate --task cnn      # results/sweeps/fig2_cnn_cpu -> results/fig2/
+    python -m paper.fig2 plot                      # results/fig2/*_curves.csv -> figures/fig2.{png,pdf}
 
 Aggregation writes small CSVs that are committed (per-method curves over seeds, the reduction
 table), so ``plot`` redraws the figure without any run directory. The statistic (smoothed first
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.analysis import (group_runs, load_runs, read_csv, reduction_rows,
+from paper.statistics import (group_runs, load_runs, read_csv, reduction_rows,
                                   smoothed_curves, write_csv, write_table)
-from experiments.atomic import atomic_write_text
+from experiments.run.atomic import atomic_write_text
 
 OUT = Path("results/fig2")
 FIG = Path("figures")

@@ -22,19 +22,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .datasets import REPO
+from ..paths import REPO
 
 FINISHED = ("ok", "diverged")
-# Top-level config keys that do not change a run's numbers (compared configs leave them out).
-OPERATIONAL = ("overwrite", "wandb", "data_dir", "checkpoint_every", "keep_checkpoint",
-               "experiment")
 
 
 def comparable(config: dict | None) -> dict | None:
-    """The part of a resolved config that decides a run's results."""
+    """The part of a resolved config that decides a run's results: without the operational
+    keys (:data:`experiments.run.config.OPERATIONAL`) and without keys set to null (a null
+    setting means "not set": adding an optional key to the schema re-runs nothing)."""
+    from .config import OPERATIONAL
     if config is None:
         return None
-    return {k: v for k, v in config.items() if k not in OPERATIONAL}
+    return _drop_nulls({k: v for k, v in config.items() if k not in OPERATIONAL})
+
+
+def _drop_nulls(x):
+    if isinstance(x, dict):
+        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
+    return x
 
 
 def git_commit() -> dict:
@@ -73,7 +79,8 @@ class RunLog:
     """Writes one run. ``config`` must be the resolved config (a plain dict)."""
 
     def __init__(self, run_dir: str | Path, config: dict, *, wandb_cfg: dict | None = None,
-                 figure: str | None = None):
+                 figure: str | None = None, enabled: bool = True):
+        self.enabled = enabled       # False on the ranks > 0 of a multi-process run: no writes
         self.dir = Path(run_dir)
         self.config = config
         self.wandb_cfg = wandb_cfg or {}
@@ -88,6 +95,9 @@ class RunLog:
         """Open metrics.jsonl fresh, or truncated to its first ``resume_rows`` rows when resuming
         from a checkpoint (rows logged after the checkpoint are dropped: they will be logged
         again). ``wandb_id`` continues that W&B run; a fresh start gets a new id."""
+        if not self.enabled:
+            self.rows, self.last_row, self.wandb_id = resume_rows or 0, None, wandb_id
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "metrics.jsonl"
         (self.dir / "summary.json").unlink(missing_ok=True)
@@ -150,6 +160,9 @@ class RunLog:
 
     def log(self, row: dict) -> None:
         self.last_row = row
+        if not self.enabled:
+            self.rows += 1
+            return
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         if self._wandb is not None:
@@ -166,6 +179,8 @@ class RunLog:
                    **git_commit(), "wall_time": time.time() - self._t0,
                    "host": socket.gethostname(), "python": platform.python_version(),
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": self.config}
+        if not self.enabled:
+            return summary
         tmp = self.dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, self.dir / "summary.json")

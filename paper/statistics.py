@@ -20,17 +20,17 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .runlog import read_metrics, read_summary
+from experiments.run.config import OPERATIONAL
+from experiments.run.record import read_metrics, read_summary
 
 # Config keys that do not change what a run computes (ignored when grouping runs).
-NON_SEMANTIC = {"seed", "overwrite", "threads", "wandb", "data_dir", "experiment", "results_dir",
-                "checkpoint_every", "launcher"}
+NON_SEMANTIC = set(OPERATIONAL) | {"seed", "results_dir", "launcher"}
 
 
 @dataclass
 class Run:
     path: Path
-    summary: dict       # summary.json as written by experiments.runlog
+    summary: dict       # summary.json as written by experiments.run.record
     rows: list[dict]    # metrics.jsonl
 
     @property
@@ -70,7 +70,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 def group_key(config: dict) -> tuple:
     flat = flatten({k: v for k, v in config.items() if k not in NON_SEMANTIC})
-    return tuple(sorted((k, json.dumps(v)) for k, v in flat.items()))
+    return tuple(sorted((k, json.dumps(v)) for k, v in flat.items() if v is not None))
 
 
 def group_runs(runs: Iterable[Run]) -> dict[tuple, list[Run]]:
@@ -127,7 +127,7 @@ def write_table(rows: list[dict], csv_path: Path, md_path: Path | None = None,
     """Write the reduction table; rows of other tasks already in the CSV are kept (a5a and CNN
     share it), so aggregating one panel never drops the other's rows. Both files are replaced
     atomically (parallel aggregations never see half a file)."""
-    from .atomic import atomic_write_text
+    from experiments.run.atomic import atomic_write_text
 
     csv_path = Path(csv_path)
     keep = []
@@ -211,7 +211,7 @@ def _bytes_at(run: Run, grid: np.ndarray, x: str = "comm") -> np.ndarray:
 
 def write_csv(rows: list[dict], path: Path) -> None:
     """Write ``rows`` (the union of their keys as columns), replacing ``path`` atomically."""
-    from .atomic import atomic_write_text
+    from experiments.run.atomic import atomic_write_text
 
     if not rows:
         atomic_write_text(Path(path), "")

@@ -1,0 +1,256 @@
+"""A run's config: its typed schema, its checks, and what decides a run's identity.
+
+* **Schema.** :class:`LogRegConfig` and :class:`CnnConfig` (hydra structured configs, registered
+  in hydra's ConfigStore as ``logreg_schema`` / ``cnn_schema`` and named first in the defaults
+  of ``configs/logreg.yaml`` / ``configs/cnn.yaml``) type every key, so ``steps=abc`` or
+  ``task.heterogeneity=dirichlet`` is refused while the config is composed.
+* **Checks.** :func:`validate` runs every check that can fail (the schema, the method and its
+  compressor, the task's own checks, the process world) before any data is loaded;
+  a failure is a :class:`ConfigError` naming the key, the value and what is allowed.
+* **Identity.** :data:`OPERATIONAL` lists the keys that say how a run is executed, not what it
+  computes. They are left out of the run folder's name (:func:`run_name`, the ``gluon_run_name``
+  resolver of ``configs/hydra/default.yaml``) and out of the config compared when deciding
+  whether a finished run can be skipped (:func:`experiments.run.record.comparable`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from gluon import make_compressor, resolve_method
+
+# Top-level keys that do not change a run's numbers. ``comm`` runs the same workers in one
+# process or in several (bit-identical except the dense all_reduce's summation order);
+# ``threads`` changes only speed on these models. ``experiment`` names an old records' key.
+OPERATIONAL = ("overwrite", "threads", "wandb", "data_dir", "checkpoint_every",
+               "keep_checkpoint", "group", "comm", "dense_collective", "experiment", "progress_s",
+               "results_dir")
+# Overrides that select how a sweep runs, never part of a run folder's name.
+NOT_IN_RUN_NAME = OPERATIONAL + ("launcher", "experiment", "hydra")
+
+
+class ConfigError(ValueError):
+    """A bad config: reported in one line, exit status 2, before any compute."""
+
+
+# ---------------------------------------------------------------- the schema
+
+class Heterogeneity(Enum):
+    iid = "iid"
+    label_skew = "label_skew"
+
+
+class CommKind(Enum):
+    sim = "sim"                  # all workers simulated in this process
+    torchdist = "torchdist"      # one worker per process (torchrun / srun), torch.distributed
+
+
+class DenseCollective(Enum):
+    all_reduce = "all_reduce"    # torchdist: sum in the collective's order (last-bit differences)
+    all_gather = "all_gather"    # torchdist: gather, then average as the simulation: bit-identical
+
+
+@dataclass
+class MethodConf:
+    name: str = MISSING
+    lr: Optional[float] = None          # radius eta of the LMO step (parameter units per step)
+    beta: Optional[float] = None        # momentum decay
+    q: Optional[float] = None           # probability of a full synchronisation per step
+    B: Optional[int] = None             # minibatches in a full synchronisation's large batch
+    scale_by_B: Optional[bool] = None   # the paper's 1/B trick (Sec. 6.1)
+    full: Optional[bool] = None         # VR-MARINA: full gradients at a synchronisation
+
+
+@dataclass
+class CompressorConf:
+    name: str = MISSING
+    density: Optional[float] = None     # randk / topk: fraction of coordinates sent
+    levels: Optional[int] = None        # qsgd: quantisation levels
+
+
+@dataclass
+class WandbConf:
+    enabled: bool = False
+    project: str = "gluon-fl"
+    entity: Optional[str] = None
+    mode: str = "offline"               # offline | online | disabled
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConf:
+    """Keys shared by every entry point (their defaults: configs/run/default.yaml)."""
+    method: MethodConf = field(default_factory=MethodConf)
+    compressor: CompressorConf = field(default_factory=CompressorConf)
+    wandb: WandbConf = field(default_factory=WandbConf)
+    seed: int = 0
+    steps: int = MISSING
+    max_comm: Optional[float] = None
+    n_workers: int = 4
+    batch_size: int = MISSING
+    log_every: int = MISSING
+    log_comm: Optional[float] = None
+    data_dir: Optional[str] = None
+    results_dir: str = "results"
+    overwrite: bool = False
+    threads: int = 1
+    group: Optional[str] = None
+    checkpoint_every: int = 0
+    keep_checkpoint: bool = False
+    comm: CommKind = CommKind.sim       # sim | torchdist (one worker per process)
+    dense_collective: DenseCollective = DenseCollective.all_reduce
+    progress_s: float = 10.0            # seconds of wall time between progress lines (0: none)
+
+
+@dataclass
+class LogRegTask:
+    name: str = "a5a"
+    dataset: str = "a5a"
+    l2: float = 1e-4
+    heterogeneity: Heterogeneity = Heterogeneity.iid
+    split_seed: int = 0
+
+
+@dataclass
+class LogRegConfig(RunConf):
+    task: LogRegTask = field(default_factory=LogRegTask)
+
+
+@dataclass
+class CifarTask:
+    name: str = "cifar10"
+    source: str = "auto"
+    download: bool = True
+    heterogeneity: Heterogeneity = Heterogeneity.iid
+    split_seed: int = 0
+    widths: List[int] = field(default_factory=lambda: [64, 256, 256])
+    whiten_images: int = 5000
+    whiten_eps: float = 5e-4
+    whiten_bias_trainable: bool = False
+    bn_weight_trainable: bool = False
+    label_smoothing: float = 0.0
+    flip: bool = True
+    translate: int = 2
+    lmo_default: str = "scion"
+    ns_steps: int = 5
+    head_scale: float = 16.0
+    lmo_rules: List[Any] = field(default_factory=list)
+    eval_train: int = 2048
+    eval_test: Optional[int] = None
+    channels_last: bool = True
+    amp: bool = True
+    max_chunk: int = 1024
+
+
+@dataclass
+class CnnConfig(RunConf):
+    task: CifarTask = field(default_factory=CifarTask)
+    eval_every: int = 100
+    device: str = "auto"
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="logreg_schema", node=LogRegConfig)
+    cs.store(name="cnn_schema", node=CnnConfig)
+
+
+register()
+
+
+def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> DictConfig:
+    """The config ``python -m experiments.<primary> <overrides>`` would run, composed without
+    running anything (with the ``hydra`` node when ``hydra`` is set): for scripts and tests."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from ..paths import REPO
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
+
+
+# ---------------------------------------------------------------- run folder names
+
+def run_name(overrides) -> str:
+    """The run folder's name from a job's command-line overrides (as hydra's override_dirname:
+    sorted ``key=value`` joined by commas), leaving out :data:`NOT_IN_RUN_NAME` and writing a
+    ``/`` in a value (``tuned=fig2_logreg/gluon``) as ``-`` so every run folder of a sweep sits
+    at the same depth."""
+    lines = []
+    for line in overrides:
+        key = str(line).split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0] not in NOT_IN_RUN_NAME:
+            lines.append(str(line))
+    return ",".join(sorted(lines)).replace("/", "-")
+
+
+if not OmegaConf.has_resolver("gluon_run_name"):
+    OmegaConf.register_new_resolver("gluon_run_name", lambda o: run_name(o))
+
+
+# ---------------------------------------------------------------- building and checking
+
+def plain(cfg: DictConfig) -> DictConfig:
+    """``cfg`` resolved, with enums as their strings (what tasks and records see)."""
+    keys = [k for k in cfg.keys() if k != "hydra"]
+    return OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True,
+                                                   enum_to_str=True))
+
+
+def _given(node: DictConfig) -> dict:
+    return {k: v for k, v in OmegaConf.to_container(node, resolve=True, enum_to_str=True).items()
+            if k != "name" and v is not None}
+
+
+def build_compressor(cfg: DictConfig):
+    return make_compressor(cfg.name, **_given(cfg))
+
+
+def method_hparams(cfg: DictConfig) -> dict:
+    return _given(cfg)
+
+
+def _check(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value}: {allowed}")
+
+
+def validate(cfg: DictConfig, task=None):
+    """Every check that can fail, before any data is loaded or compute spent: the run's keys,
+    the method with its compressor, the task's own ``check(cfg)`` and, for ``comm=torchdist``,
+    the processes started. Returns the compressor. Raises :class:`ConfigError`."""
+    from .world import check_env
+    cfg = plain(cfg)
+    _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
+    _check(cfg.batch_size >= 1, "batch_size", cfg.batch_size, "must be >= 1")
+    _check(cfg.steps >= 0, "steps", cfg.steps, "must be >= 0")
+    _check((cfg.log_every or 0) >= 0, "log_every", cfg.log_every, "must be >= 0")
+    _check((cfg.get("log_comm") or 0) >= 0, "log_comm", cfg.get("log_comm"), "must be >= 0")
+    _check(bool(cfg.log_every or cfg.get("log_comm")), "log_every", cfg.log_every,
+           "set log_every (steps) or log_comm (uplink units) > 0: nothing would be logged")
+    _check(cfg.get("max_comm") is None or cfg.max_comm > 0, "max_comm", cfg.get("max_comm"),
+           "must be > 0 (uplink units per worker) or null")
+    _check(cfg.threads >= 1, "threads", cfg.threads, "must be >= 1")
+    try:
+        compressor = build_compressor(cfg.compressor)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"compressor={cfg.compressor.name}: {err}") from None
+    try:
+        resolve_method(cfg.method.name, compressor, method_hparams(cfg.method))
+    except ValueError as err:
+        raise ConfigError(f"method={cfg.method.name}: {err}") from None
+    if task is not None:
+        try:
+            task.check(cfg)
+        except ConfigError:
+            raise
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    problem = check_env(str(cfg.get("comm", "sim")), cfg.n_workers)
+    if problem:
+        raise ConfigError(problem)
+    return compressor

@@ -1,0 +1,311 @@
+"""One run of any task, top to bottom: validate, lock, skip or resume, build, train, finish.
+
+A task (:mod:`experiments.tasks.logreg`, :mod:`experiments.tasks.cnn`) supplies ``check(cfg)``
+and ``build(cfg, compressor, world) -> Built``; everything else (the run folder, metrics,
+summary, logging, W&B, divergence, checkpoints, preemption and the process world) is here once.
+
+Checkpoints (see :mod:`experiments.run.checkpoint`): every ``checkpoint_every`` steps (0 = only
+on signals) and when SIGTERM/SIGUSR1/SIGUSR2 arrives, the state is written to
+``<run_dir>/checkpoint.pt`` between two steps. A run that finds a checkpoint written with the
+same config resumes from it bit-identically: same parameters, same metric rows, no row missing
+or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them);
+"failed" (an exception) is re-run from scratch, its checkpoint deleted; a preempted run has no
+summary, only its checkpoint, and resumes. A finished run's checkpoint is deleted, unless
+``keep_checkpoint`` is set: it then holds the final state.
+
+Concurrency: a run folder is written by one process at a time (:class:`RunLock`); a second
+process given the same config waits for the first, then skips the finished run.
+
+With ``comm=torchdist`` every rank runs this lifecycle: each computes, rank 0 alone writes the
+folder, the logs and W&B; every other rank keeps its own worker's checkpoint
+(``checkpoint.rank<r>.pt``). The ranks agree (a collective) on skipping, resuming and stopping.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from gluon import train
+
+from . import checkpoint as ckpt
+from .config import plain, validate
+from .record import RunLog, comparable, read_summary
+from .world import World
+
+log = logging.getLogger("experiments.run")
+LOCK = ".lock"
+
+
+class RunLock:
+    """An exclusive lock on a run folder (``<run_dir>/.lock``, flock): one writer at a time.
+
+    A second process asking for the same folder logs who holds it and waits; the lock dies with
+    its process (a killed run never leaves a stale lock)."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.path, self.enabled, self._fh = Path(run_dir) / LOCK, enabled, None
+
+    def __enter__(self) -> "RunLock":
+        if not self.enabled:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "another process"
+            log.info("%s is being written by %s: waiting for it", self.path.parent, holder)
+            fcntl.flock(self._fh, fcntl.LOCK_EX)
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self._fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()      # releases the lock
+            self._fh = None
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a live process holds ``run_dir``'s lock (a run in progress elsewhere)."""
+    path = Path(run_dir) / LOCK
+    if not path.exists():
+        return False
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
+def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
+    world = world or World()
+    run_dir = Path(run_dir)
+    compressor = validate(cfg, task)          # bad input fails here, before any compute
+    cfg = plain(cfg)                          # resolved, enums as strings
+    config = OmegaConf.to_container(cfg)
+    torch.set_num_threads(cfg.threads)
+    with RunLock(run_dir, enabled=world.writer):
+        return _execute(cfg, config, run_dir, task, world, compressor)
+
+
+def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
+    record = RunLog(run_dir, config, wandb_cfg=config.get("wandb"), figure=cfg.get("group"),
+                    enabled=world.writer)
+    if world.all(record.should_skip(cfg.overwrite)):
+        log.info("[skip] %s: already finished with this config", run_dir)
+        return read_summary(run_dir)
+
+    path = run_dir / _checkpoint_name(world)
+    every = int(cfg.get("checkpoint_every", 0) or 0)
+    saved = _resumable(ckpt.load(path), config, cfg.overwrite)
+    if not world.all(saved is not None):
+        saved = None                          # resume only when every rank can
+    try:
+        built = task.build(cfg, compressor, world)
+    except Exception:                         # e.g. the data cannot be found: recorded
+        record.start()
+        record.finish("failed", error=traceback.format_exc())
+        raise
+    method, state = built.method, built.state
+    prior_time = 0.0
+    if saved is not None:
+        method.load_state_dict(saved["method"])
+        if state is not None and saved.get("state") is not None:
+            state.load_state_dict(saved["state"])
+        ckpt.set_rng_state(saved["rng"])
+        prior_time = saved.get("train_time", 0.0)
+        record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
+        log.info("[resume] %s: from step %d (%d rows)", run_dir, method.k, saved["rows"])
+    else:
+        path.unlink(missing_ok=True)
+        record.start()
+    log.info("[start] %s: %s", run_dir, _summary_line(config))
+    progress = Progress(cfg, method, prior_time)
+    t0 = time.perf_counter()
+
+    def save():
+        ckpt.save(path, {
+            "format": ckpt.FORMAT, "config": comparable(config), "job": ckpt.job_key(),
+            "method": method.state_dict(),
+            "state": state.state_dict() if state is not None else None,
+            "rng": ckpt.rng_state(), "rows": record.rows, "wandb_id": record.wandb_id,
+            "train_time": prior_time + time.perf_counter() - t0})
+
+    interrupted = False
+    with ckpt.SignalGuard() as guard:
+        def on_step(m):
+            nonlocal interrupted
+            progress.tick(record.last_row)
+            stop = guard.pending is not None
+            if world.size > 1:
+                stop = world.any(stop)        # every rank checkpoints at the same step
+            periodic = every and m.k % every == 0 and m.k < cfg.steps
+            if periodic or stop:
+                save()
+            if stop:
+                interrupted = True
+                if guard.pending is None:     # another rank was signalled: stop with it
+                    raise SystemExit(143)
+                guard.forward()               # exits (or requeues through submitit) as asked
+                interrupted = False           # the previous handler let the run go on
+
+        try:
+            status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=built.evaluate,
+                           on_log=record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
+                           log_comm=cfg.get("log_comm"))
+        except Exception:
+            if interrupted:                   # e.g. submitit: "timed-out too many times"
+                record.abort()
+                raise
+            record.finish("failed", error=traceback.format_exc(), **built.summary)
+            path.unlink(missing_ok=True)      # a failure is re-run from scratch
+            raise
+        except BaseException:                 # SystemExit from a signal, KeyboardInterrupt
+            record.abort()                    # no summary: the checkpoint resumes the run
+            raise
+    last = record.last_row or {}
+    wire = {}
+    if world.size > 1:                        # a collective: what the ranks put on the wire
+        rep = method.comm.report()
+        wire = {"wire": {"backend": method.comm.backend, "processes": world.size,
+                         "measured_bytes_per_worker": rep["measured_bytes_per_worker"],
+                         "collectives": method.comm.collectives,
+                         "coin_bytes": method.comm.coin_bytes}}
+    summary = record.finish(status, **built.summary, **wire, steps_done=method.k,
+                            final={k: v for k, v in last.items()},
+                            comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
+                            train_time=prior_time + time.perf_counter() - t0, dim=method.dim,
+                            resumed=saved is not None)
+    if cfg.get("keep_checkpoint", False):
+        save()                                # the final state (a finished run never resumes)
+    else:
+        path.unlink(missing_ok=True)
+    world.barrier()
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
+                      and isinstance(v, float))
+    log.info("[%s] %s: %d steps, %s, %.1f s", status, run_dir, method.k, shown,
+             summary["train_time"])
+    return summary
+
+
+def _checkpoint_name(world: World) -> str:
+    return ckpt.CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
+
+
+def _resumable(saved: dict | None, config: dict, overwrite: bool) -> dict | None:
+    """A checkpoint is used when it was written with the same config; with ``overwrite`` only
+    when it was written by this very scheduler job (a requeue), not by an earlier run."""
+    if saved is None:
+        return None
+    if saved.get("config") != comparable(config):
+        log.info("[checkpoint] config changed since the checkpoint: starting over")
+        return None
+    if overwrite and (saved.get("job") is None or saved.get("job") != ckpt.job_key()):
+        return None
+    return saved
+
+
+def _summary_line(config: dict) -> str:
+    m, c, t = config.get("method", {}), config.get("compressor", {}), config.get("task", {})
+    hp = " ".join(f"{k}={v}" for k, v in m.items() if k != "name" and v is not None)
+    comp = " ".join(f"{k}={v}" for k, v in c.items() if k != "name" and v is not None)
+    budget = (f"{config['steps']} steps" if config.get("max_comm") is None
+              else f"{config['max_comm']:g} units of uplink (at most {config['steps']} steps)")
+    return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {t.get('name')}, "
+            f"{config.get('n_workers')} workers ({config.get('comm', 'sim')}), seed "
+            f"{config.get('seed')}, {budget}")
+
+
+class Progress:
+    """A log line every ``progress_s`` seconds of wall time: step, uplink, the last logged
+    metric, steps/s and the time left (by steps, or by uplink when a budget stops the run)."""
+
+    def __init__(self, cfg, method, prior_time: float = 0.0):
+        self.every = float(cfg.get("progress_s", 10.0) or 0.0)
+        self.steps, self.max_comm = cfg.steps, cfg.get("max_comm")
+        self.method = method
+        self.t0 = time.monotonic()
+        self.k0, self.done0 = method.k, self.done()
+        self.next = self.t0 + self.every
+
+    def done(self) -> float:
+        """The fraction of the run done: of its steps, or of its uplink budget when that is
+        reached first."""
+        m = self.method
+        done = m.k / self.steps if self.steps else 1.0
+        if self.max_comm:
+            done = max(done, m.comm.ledger.cost / self.max_comm)
+        return min(done, 1.0)
+
+    def tick(self, row: dict | None) -> None:
+        if not self.every:
+            return
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.every
+        m = self.method
+        rate = (m.k - self.k0) / max(now - self.t0, 1e-9)
+        comm = m.comm.ledger.cost
+        done = self.done()
+        left = (now - self.t0) * (1 - done) / (done - self.done0) if done > self.done0 \
+            else float("nan")
+        metric = ""
+        if row:
+            key = "gap" if "gap" in row else "loss" if "loss" in row else None
+            metric = f" | {'f - f*' if key == 'gap' else key} {row[key]:.4g}" if key else ""
+        log.info("step %d/%d | uplink %.4g%s%s | %.0f steps/s | %.0f%% | %s left",
+                 m.k, self.steps, comm, f"/{self.max_comm:g}" if self.max_comm else "", metric,
+                 rate, 100 * done, _duration(left))
+
+
+def _duration(s: float) -> str:
+    if s != s:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def run_hydra_job(cfg: DictConfig, task) -> dict:
+    """The body of an entry point's ``@hydra.main`` task function.
+
+    A single run raises on failure. Inside a multirun (``-m``, any launcher) a failing run is
+    recorded (summary.json, status "failed"), reported, and the sweep goes on with the other
+    runs; :class:`experiments.run.sweep.SweepReport` then lists the failures and makes the sweep
+    exit non-zero. Re-running the sweep re-runs only the failed and unfinished runs.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from .world import close_world, open_world
+
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    plain_cfg = plain(cfg)
+    world = open_world(plain_cfg.comm, str(plain_cfg.get("device", "cpu")),
+                       plain_cfg.dense_collective)
+    try:
+        if hc.mode != RunMode.MULTIRUN:
+            return execute(cfg, run_dir, task, world)
+        try:
+            return execute(cfg, run_dir, task, world)
+        except Exception as e:  # noqa: BLE001 (recorded in summary.json; the sweep continues)
+            log.error("[failed] %s: %s: %s", run_dir, type(e).__name__, e)
+            traceback.print_exc()
+            return {"status": "failed", "error": repr(e)}
+    finally:
+        if hc.mode != RunMode.MULTIRUN:
+            close_world(world)
