@@ -14,3 +14,19 @@ CONFIGS = REPO / "configs"
 @pytest.fixture
 def compose_cfg():
     return compose_config
+
+
+@pytest.fixture(scope="module")
+def results_with_cache(tmp_path_factory):
+    """A results_dir whose f* cache is filled before any run starts (copied from the repo's
+    cache, else computed once), so that concurrent runs do not each solve for f*."""
+    import shutil
+
+    from experiments.tasks import logreg
+    from gluon import make_compressor
+    out = tmp_path_factory.mktemp("results")
+    (out / "cache").mkdir()
+    for f in (REPO / "results" / "cache").glob("fstar-*.json"):
+        shutil.copy(f, out / "cache" / f.name)
+    logreg.build(compose_config("logreg", f"results_dir={out}"), make_compressor("identity"))
+    return out

@@ -1,0 +1,146 @@
+"""The command line as a user meets it: one-line errors before any folder, the per-run log with
+its progress lines, one writer per run folder, --help, and experiment=NAME without a '+'."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.run.config import run_name
+from experiments.run.lifecycle import LOCK, is_locked
+from experiments.run.record import read_metrics, read_summary
+from experiments.run.sweep import run_status, sbatch_script
+from tests.conftest import CONFIGS, REPO, compose_config
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
+
+
+def cli(entry: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"experiments.{entry}", *args], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------- one-line errors
+
+BAD = [
+    ("logreg", ["steps=abc"], "steps=abc", "Integer"),
+    ("logreg", ["task.heterogeneity=dirichlet"], "dirichlet", "iid, label_skew"),
+    ("cnn", ["task.heterogeneity=dirichlet"], "dirichlet", "iid, label_skew"),
+    ("logreg", ["method.lr=-1"], "method=alg1", "lr must be > 0"),
+    ("logreg", ["compressor.density=2"], "compressor=randk", "(0, 1]"),
+    ("logreg", ["n_workers=0"], "n_workers=0", ">= 1"),
+    ("logreg", ["method=alg9"], "method/alg9", "alg1, alg2"),
+    ("logreg", ["stepz=3"], "stepz", ""),
+    ("cnn", ["task.widths=[16,64]"], "task.widths", "three positive"),
+    ("cnn", ["eval_every=15", "log_every=10"], "eval_every", "multiple of log_every"),
+    ("logreg", ["-m", "method.lr=0.01,-1"], "lr must be > 0", "method.lr=-1"),   # one bad job
+]
+
+
+@pytest.mark.parametrize("entry,args,names,allowed", BAD,
+                         ids=[" ".join(a) for _, a, _, _ in BAD])
+def test_bad_config_is_one_line_exit_2_and_leaves_no_folder(tmp_path, entry, args, names, allowed):
+    p = cli(entry, *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sw'}",
+            f"results_dir={tmp_path / 'res'}")
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), p.stderr
+    assert names in p.stderr and allowed in p.stderr
+    assert "Traceback" not in p.stderr and not p.stdout.strip()
+    assert not list(tmp_path.iterdir())                  # no run folder, no sweep, no cache
+
+
+def test_help_lists_the_groups_and_keys():
+    p = cli("logreg", "--help")
+    assert p.returncode == 0
+    for text in ("method: ", "alg1", "compressor: ", "experiment: ", "fig3", "max_comm",
+                 "log_comm", "comm: sim"):
+        assert text in p.stdout, text
+
+
+# ---------------------------------------------------------------- experiment=NAME, folder names
+
+def test_experiment_is_selected_without_plus_and_names_the_sweep():
+    cfg = compose_config("logreg", "experiment=fig3", hydra=True)
+    assert cfg.group == "fig3" and cfg.hydra.sweep.dir == "results/sweeps/fig3"
+    assert cfg.hydra.sweeper.params["method.q"] == "1.0,0.1,0.01"
+
+
+def test_run_folder_names_leave_out_operational_keys_and_slashes():
+    assert run_name(["tuned=fig2_logreg/gluon", "seed=3"]) == "seed=3,tuned=fig2_logreg-gluon"
+    assert run_name(["seed=1", "threads=2", "wandb.enabled=true", "launcher=slurm",
+                     "experiment=fig3", "results_dir=/tmp/x", "comm=torchdist",
+                     "hydra.launcher.partition=gpu", "+data_dir=/d"]) == "seed=1"
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(CONFIGS / "experiment").with_suffix(""))
+                                        for p in (CONFIGS / "experiment").rglob("*.yaml")
+                                        if not p.name.startswith("_")))
+def test_sbatch_preview_works_for_every_experiment(name):
+    cnn = "cnn" in name or name == "fig8"
+    script = sbatch_script("cnn" if cnn else "logreg",
+                           ["launcher=slurm_gpu" if cnn else "launcher=slurm", f"experiment={name}"])
+    assert "#SBATCH --array=0-" in script
+    assert ("#SBATCH --gpus-per-node=1" in script) == cnn
+
+
+# ---------------------------------------------------------------- logging and progress
+
+def test_run_logs_start_progress_and_end_into_its_log_file(tmp_path, results_with_cache):
+    run_dir = tmp_path / "run"
+    p = cli("logreg", "steps=4000", "log_every=500", "progress_s=0.05", "checkpoint_every=0",
+            f"results_dir={results_with_cache}", f"hydra.run.dir={run_dir}")
+    assert p.returncode == 0, p.stderr
+    log = (run_dir / "logreg.log").read_text()
+    lines = log.splitlines()
+    assert lines[0].split("] ", 1)[1].startswith(f"[start] {run_dir}: alg1 (")
+    assert "randk (density=0.01) on a5a, 4 workers (sim), seed 0, 4000 steps" in lines[0]
+    progress = [ln for ln in lines if "steps/s" in ln]
+    assert progress, log
+    for ln in progress:                                   # step, uplink, f - f*, rate, time left
+        assert "/4000 | uplink " in ln and " | f - f* " in ln and " left" in ln
+    assert lines[-1].split("] ", 1)[1].startswith(f"[ok] {run_dir}: 4000 steps")
+    assert "\r" not in log and "\x1b" not in log          # plain lines, no bar characters
+    assert "[start]" in p.stdout                           # and the console has the same lines
+
+
+# ---------------------------------------------------------------- one writer per run folder
+
+def test_a_second_writer_waits_then_skips(tmp_path, results_with_cache):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "experiments.logreg", "method=alg2", "steps=6000",
+            "log_every=100", "checkpoint_every=0", f"results_dir={results_with_cache}",
+            f"hydra.run.dir={run_dir}"]
+    first = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    while not (run_dir / "metrics.jsonl").exists():
+        assert first.poll() is None and time.time() - t0 < 60
+        time.sleep(0.02)
+    assert is_locked(run_dir) and run_status(run_dir) == "running"
+    first.send_signal(signal.SIGSTOP)                     # hold the lock while the second starts
+    try:
+        second = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        said = ""
+        while "waiting" not in said:                      # the second writer waits ...
+            line = second.stdout.readline()
+            assert line, said
+            said += line
+    finally:
+        first.send_signal(signal.SIGCONT)                 # ... until the first one is done
+    out_first, _ = first.communicate(timeout=300)
+    said += second.communicate(timeout=300)[0]
+    assert first.returncode == 0 and second.returncode == 0, out_first + said
+    assert "being written by pid" in said and "waiting" in said and "[skip]" in said
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(0, 6001, 100))   # one writer: no row twice
+    assert read_summary(run_dir)["status"] == "ok"
+    assert not is_locked(run_dir) and (run_dir / LOCK).exists()
+    assert run_status(run_dir) == "ok"
