@@ -16,6 +16,7 @@ checkpoint and resumes.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
@@ -79,10 +80,10 @@ def load(path: str | Path) -> dict | None:
     try:
         payload = torch.load(path, weights_only=False)   # our own file: RNG states are pickled
     except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
-        print(f"[checkpoint] ignoring unreadable {path}: {e}", file=sys.stderr)
+        logging.getLogger("experiments.run").warning("[checkpoint] ignoring unreadable %s: %s", path, e)
         return None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        print(f"[checkpoint] ignoring {path}: unknown format", file=sys.stderr)
+        logging.getLogger("experiments.run").warning("[checkpoint] ignoring %s: unknown format", path)
         return None
     return payload
 

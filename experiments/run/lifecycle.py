@@ -101,11 +101,20 @@ def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = No
         return _execute(cfg, config, run_dir, task, world, compressor)
 
 
+def _shown(run_dir: Path) -> str:
+    """The run folder as the logs show it: relative to the working directory when inside it."""
+    try:
+        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
+    where = _shown(run_dir)
     record = RunLog(run_dir, config, wandb_cfg=config.get("wandb"), figure=cfg.get("group"),
                     enabled=world.writer)
     if world.all(record.should_skip(cfg.overwrite)):
-        log.info("[skip] %s: already finished with this config", run_dir)
+        log.info("[skip] %s: already finished with this config", where)
         return read_summary(run_dir)
 
     path = run_dir / _checkpoint_name(world)
@@ -128,11 +137,11 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
         ckpt.set_rng_state(saved["rng"])
         prior_time = saved.get("train_time", 0.0)
         record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
-        log.info("[resume] %s: from step %d (%d rows)", run_dir, method.k, saved["rows"])
+        log.info("[resume] %s: from step %d (%d rows)", where, method.k, saved["rows"])
     else:
         path.unlink(missing_ok=True)
         record.start()
-    log.info("[start] %s: %s", run_dir, _summary_line(config))
+    log.info("[start] %s: %s", where, _summary_line(config))
     progress = Progress(cfg, method, prior_time)
     t0 = time.perf_counter()
 
@@ -196,7 +205,7 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
     world.barrier()
     shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
                       and isinstance(v, float))
-    log.info("[%s] %s: %d steps, %s, %.1f s", status, run_dir, method.k, shown,
+    log.info("[%s] %s: %d steps, %s, %.1f s", status, where, method.k, shown,
              summary["train_time"])
     return summary
 

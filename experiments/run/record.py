@@ -144,13 +144,13 @@ class RunLog:
             reinit="finish_previous", settings=wandb.Settings(**settings))
         run = self._wandb
         # Communication is the x-axis of every figure: "comm" (normalised: one dense gradient
-        # = 1) is the step metric of every logged value; the "by_bytes/" copies of the same
-        # values use the wire bytes instead, so both charts exist without editing panels.
+        # = 1) is the default step metric of every logged value. Every row also carries the
+        # wire "bytes" (and the iteration "step"): a chart's x-axis can be any logged metric,
+        # so the same values are plotted against bytes without logging them twice.
         run.define_metric("comm")
         run.define_metric("bytes")
         run.define_metric("step")
         run.define_metric("*", step_metric="comm")
-        run.define_metric("by_bytes/*", step_metric="bytes")
         if resumed:
             run.summary["resumed_at_row"] = self.rows
 
@@ -166,10 +166,9 @@ class RunLog:
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         if self._wandb is not None:
-            extra = {f"by_bytes/{k}": v for k, v in row.items() if k not in AXES}
             # W&B's step is the row index: monotonic across a resume, so rows logged again
             # after a requeue (identical values) do not become a second curve.
-            self._wandb.log({**row, **extra}, step=self.rows)
+            self._wandb.log(dict(row), step=self.rows)
         self.rows += 1
 
     def finish(self, status: str, **extra: Any) -> dict:
@@ -201,9 +200,6 @@ class RunLog:
             except Exception:  # noqa: BLE001 (never mask the signal being handled)
                 pass
             self._wandb = None
-
-
-AXES = ("step", "comm", "bytes")
 
 
 def _run_name(run_dir: Path, method: str | None) -> str:

@@ -94,7 +94,7 @@ def _split_sweep(overrides: list[str]) -> tuple[list[str], int]:
 
 
 def _grid_size(sweeper_params: dict, overrides: list[str]) -> int:
-    """Jobs in the grid of ``hydra.sweeper.params`` (e.g. from +experiment=fig3) combined with
+    """Jobs in the grid of ``hydra.sweeper.params`` (e.g. from experiment=fig3) combined with
     the command line's sweeps, the command line winning for a key given in both."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     parser = OverridesParser.create()
