@@ -126,6 +126,11 @@ fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, ~40 min
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
+.PHONY: summarize
+summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/fig3
+	@test -n "$(SWEEP)" || { echo "usage: make summarize SWEEP=results/sweeps/<name> [ARGS='--metric loss --sort comm --per-run']" >&2; exit 2; }
+	$(PY) -m experiments.run.summarize $(SWEEP) $(ARGS)
+
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
