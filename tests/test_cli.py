@@ -144,3 +144,24 @@ def test_a_second_writer_waits_then_skips(tmp_path, results_with_cache):
     assert read_summary(run_dir)["status"] == "ok"
     assert not is_locked(run_dir) and (run_dir / LOCK).exists()
     assert run_status(run_dir) == "ok"
+
+
+def test_two_submissions_of_one_sweep_run_each_config_once(tmp_path, results_with_cache):
+    """The same sweep started twice at once: every run folder has one writer; both commands
+    end with every run finished, and each run's rows are written once."""
+    args = [sys.executable, "-m", "experiments.logreg", "-m", "method=alg1,alg2", "steps=3000",
+            "log_every=100", "checkpoint_every=0", f"results_dir={results_with_cache}",
+            f"hydra.sweep.dir={tmp_path}"]
+    procs = [subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert "[sweep] " in out and "2 runs: 2 ok" in out
+    said = "".join(outs)
+    assert said.count("[start]") == 2          # each config computed once, by one of the two
+    assert said.count("[skip]") == 2           # ... and skipped by the other
+    for run_dir in (tmp_path / "alg1", tmp_path / "alg2"):
+        (run,) = [d for d in run_dir.iterdir() if d.is_dir()]
+        assert [r["step"] for r in read_metrics(run)] == list(range(0, 3001, 100))
+        assert read_summary(run)["status"] == "ok"
