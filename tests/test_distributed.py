@@ -248,3 +248,44 @@ def test_needs_process_group():
         pytest.skip("a process group is already initialised")
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistComm()
+
+
+# ---------------------------------------------------------------- the CNN task, the same way
+
+CNN = ["profile=cpu", "method=alg2", "compressor=topk", "compressor.density=0.05", "method.q=0.5",
+       "method.B=2", "steps=6", "log_every=2", "eval_every=6", "batch_size=4", "n_workers=2",
+       "task.eval_train=16", "task.eval_test=16", "task.whiten_images=32", "checkpoint_every=0",
+       "keep_checkpoint=true", "progress_s=0", "dense_collective=all_gather"]
+
+
+def _cnn_task():
+    from functools import partial
+    from types import SimpleNamespace
+
+    from experiments.tasks import cnn
+    from tests.test_cnn import synthetic
+    return SimpleNamespace(check=cnn.check, build=partial(cnn.build, data=synthetic()))
+
+
+def _cnn_rank(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    w = open_world("torchdist", "cpu", "all_gather")
+    try:
+        execute(compose_config("cnn", *CNN, f"results_dir={out}", "comm=torchdist"),
+                Path(out) / "run", _cnn_task(), w)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cnn_on_two_processes_writes_the_simulations_run(tmp_path):
+    mp.start_processes(_cnn_rank, args=(2, free_port(), str(tmp_path / "dist")), nprocs=2,
+                       join=True, start_method=START)
+    execute(compose_config("cnn", *CNN, f"results_dir={tmp_path / 'sim'}"), tmp_path / "sim" / "run",
+            _cnn_task())
+    d, s = tmp_path / "dist" / "run", tmp_path / "sim" / "run"
+    assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
+    assert len(read_metrics(d)) == 4 and "test_acc" in read_metrics(d)[-1]
+    assert all(torch.equal(a, b) for a, b in zip(_params(d), _params(s)))
+    assert read_summary(d)["wire"]["measured_bytes_per_worker"] == [read_summary(s)["bytes"]] * 2
