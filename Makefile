@@ -27,7 +27,7 @@ LOGREG_SWEEP = $(PY) -m experiments.logreg -m launcher=$(LAUNCHER)
 # CNN runs last minutes, so even locally they run JOBS at a time (submitit); GPU jobs on SLURM.
 CNN_LAUNCHER ?= $(if $(filter basic,$(LAUNCHER)),local,$(if $(filter slurm,$(LAUNCHER)),slurm_gpu,$(LAUNCHER)))
 CNN_SWEEP = $(PY) -m experiments.cnn -m launcher=$(CNN_LAUNCHER)
-# The CNN panel's profile: paper scale when a GPU is visible, else the CPU profile (150 steps).
+# The CNN panel's profile: paper scale when a GPU is visible, else the CPU profile (widths 16/64/64, a budget of 500 dense gradients).
 CNN_PROFILE ?= $(shell $(PY) -c "import torch; print('paper' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
 TUNED_LOGREG = configs/tuned/fig2_logreg
 TUNED_CNN = configs/tuned/fig2_cnn_cpu
@@ -117,7 +117,7 @@ fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(PY) -m paper.ablation aggregate $@
 	$(PY) -m paper.ablation plot $@
 
-fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, ~40 min on 2 cores)
+fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 22 min on 2 cores)
 	$(CNN_SWEEP) experiment=$@
 	$(CNN_SWEEP) experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
 	$(PY) -m paper.ablation aggregate $@
