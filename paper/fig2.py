@@ -79,7 +79,11 @@ def aggregate(task: str, sweep: str | None = None) -> None:
                           baselines=spec["baselines"], budget=budget, width=spec["window"],
                           task=spec["table_task"])
     write_table(rows, OUT / "reduction.csv", OUT / "reduction.md", replace_task=spec["table_task"])
-    settings = {m: {"method": g[0].config["method"], "compressor": g[0].config["compressor"],
+    def given(node: dict) -> dict:   # the settings a run was given (null = not set)
+        return {k: v for k, v in node.items() if v is not None}
+
+    settings = {m: {"method": given(g[0].config["method"]),
+                    "compressor": given(g[0].config["compressor"]),
                     "seeds": [r.config["seed"] for r in g],
                     "status": sorted(r.status for r in g),
                     "steps_cap": g[0].config.get("steps"),

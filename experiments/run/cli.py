@@ -55,11 +55,14 @@ def check_jobs(config_name: str, overrides: list[str], multirun: bool, task) -> 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         for job in jobs:
             try:
-                cfg = compose(config_name, overrides=job)
+                cfg = compose(config_name, overrides=job, return_hydra_config=multirun)
             except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
                 raise ConfigError(_composition_message(err)) from None
+            # a SLURM launcher starts one task per worker itself: the job checks its world
+            spawns = multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith(
+                "SlurmLauncher") and int(cfg.hydra.launcher.get("tasks_per_node", 1)) > 1
             try:
-                validate(cfg, task)
+                validate(cfg, task, check_world=not spawns)
             except ConfigError as err:
                 if len(jobs) > 1:
                     raise ConfigError(f"{err} (in the job {' '.join(job)})") from None

@@ -188,8 +188,16 @@ def run_name(overrides) -> str:
     return ",".join(sorted(lines)).replace("/", "-")
 
 
+def tasks_per_node(comm, n_workers) -> int:
+    """SLURM tasks of a run: one per worker with ``comm=torchdist``, else one."""
+    return int(n_workers) if str(getattr(comm, "value", comm)) == "torchdist" else 1
+
+
 if not OmegaConf.has_resolver("gluon_run_name"):
     OmegaConf.register_new_resolver("gluon_run_name", lambda o: run_name(o))
+    OmegaConf.register_new_resolver("gluon_tasks_per_node", tasks_per_node)
+    # a sweep's folder: results/sweeps/<group>, or results/sweeps/adhoc without a group
+    OmegaConf.register_new_resolver("gluon_sweep_name", lambda group: group or "adhoc")
 
 
 # ---------------------------------------------------------------- building and checking
@@ -219,10 +227,11 @@ def _check(ok: bool, key: str, value, allowed: str) -> None:
         raise ConfigError(f"{key}={value}: {allowed}")
 
 
-def validate(cfg: DictConfig, task=None):
+def validate(cfg: DictConfig, task=None, check_world: bool = True):
     """Every check that can fail, before any data is loaded or compute spent: the run's keys,
     the method with its compressor, the task's own ``check(cfg)`` and, for ``comm=torchdist``,
-    the processes started. Returns the compressor. Raises :class:`ConfigError`."""
+    the processes started (``check_world``; a launcher that will start them, SLURM with one
+    task per worker, checks them in the job). Returns the compressor. Raises :class:`ConfigError`."""
     from .world import check_env
     cfg = plain(cfg)
     _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
@@ -250,7 +259,7 @@ def validate(cfg: DictConfig, task=None):
             raise
         except ValueError as err:
             raise ConfigError(str(err)) from None
-    problem = check_env(str(cfg.get("comm", "sim")), cfg.n_workers)
+    problem = check_env(str(cfg.get("comm", "sim")), cfg.n_workers) if check_world else None
     if problem:
         raise ConfigError(problem)
     return compressor

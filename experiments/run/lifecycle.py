@@ -306,6 +306,8 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     plain_cfg = plain(cfg)
     world = open_world(plain_cfg.comm, str(plain_cfg.get("device", "cpu")),
                        plain_cfg.dense_collective)
+    if not world.writer:                      # rank > 0: rank 0 logs for the run
+        logging.getLogger("experiments").setLevel(logging.WARNING)
     try:
         if hc.mode != RunMode.MULTIRUN:
             return execute(cfg, run_dir, task, world)

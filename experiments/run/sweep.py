@@ -120,6 +120,7 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from omegaconf import OmegaConf
 
     from ..paths import REPO
+    from . import config  # noqa: F401 (registers the typed schemas the configs name)
 
     config_dir = str(Path(config_dir or REPO / "configs").resolve())
     first, _ = _split_sweep(overrides)

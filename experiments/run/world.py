@@ -21,16 +21,28 @@ KINDS = ("sim", "torchdist")
 
 
 def env_from_slurm(environ=os.environ) -> bool:
-    """Under ``srun`` without torchrun, RANK/WORLD_SIZE/LOCAL_RANK from SLURM's variables
-    (MASTER_ADDR must be set, e.g. to the first node; MASTER_PORT defaults to 29500).
+    """Under ``srun`` without torchrun (or a SLURM job array task with several tasks, as
+    ``launcher=slurm comm=torchdist`` submits), RANK/WORLD_SIZE/LOCAL_RANK from SLURM's
+    variables. MASTER_ADDR defaults to the allocation's first node, MASTER_PORT to a port
+    derived from the job id (so two jobs on one node do not collide).
     Returns whether a torch.distributed environment is present."""
     if "RANK" not in environ and "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
         environ["RANK"] = environ["SLURM_PROCID"]
         environ["WORLD_SIZE"] = environ["SLURM_NTASKS"]
         environ["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
-        environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        environ.setdefault("MASTER_PORT", "29500")
+        environ.setdefault("MASTER_ADDR", _first_node(environ))
+        job = int(environ.get("SLURM_JOB_ID", "0") or 0)
+        environ.setdefault("MASTER_PORT", str(20000 + job % 20000))
     return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def _first_node(environ) -> str:
+    if int(environ.get("SLURM_NNODES", "1") or 1) <= 1:
+        return "127.0.0.1"
+    import subprocess
+    out = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[0]
 
 
 def check_env(kind: str, n_workers: int, environ=os.environ) -> str | None:

@@ -355,3 +355,26 @@ def test_torch_distributed_job_through_srun(env, results, tmp_path):
     for key in ("final", "steps_done", "comm", "bytes"):
         assert d[key] == s[key], key
     assert (dist / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+
+
+# ---------------------------------------------------------------- 5. the launcher, one task per worker
+
+def test_sweep_with_torchdist_runs_one_slurm_task_per_worker(env, results, tmp_path):
+    """`-m launcher=slurm comm=torchdist n_workers=2`: the launcher config asks for one SLURM
+    task per worker (tasks_per_node = n_workers), each task is one rank, and every run of the
+    sweep equals its 2-worker simulation row for row."""
+    common = ["method=alg2", "compressor=topk", "compressor.density=0.05", "method.q=0.5",
+              "method.B=2", "steps=120", "log_every=20", "n_workers=2",
+              "dense_collective=all_gather", f"results_dir={results}"]
+    out = run(logreg("-m", "launcher=slurm", "comm=torchdist", *common, "seed=0,1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"), env, timeout=300)
+    assert out.returncode == 0, tail(out.stdout + out.stderr)
+    assert "2 runs: 2 ok" in out.stdout, tail(out.stdout)
+    for seed, run_dir in run_dirs(tmp_path / "sweep").items():
+        d = summary(run_dir)
+        assert d["config"]["comm"] == "torchdist" and d["wire"]["processes"] == 2, d.get("wire")
+        sim = tmp_path / f"sim{seed}"
+        ref = run(logreg(*common, f"seed={seed}", f"hydra.run.dir={sim}"), env, 120)
+        assert ref.returncode == 0, tail(ref.stdout + ref.stderr)
+        assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+        assert (run_dir / "logreg.log").read_text().count("[start]") == 1   # rank 0 logs
