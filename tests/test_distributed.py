@@ -289,3 +289,59 @@ def test_cnn_on_two_processes_writes_the_simulations_run(tmp_path):
     assert len(read_metrics(d)) == 4 and "test_acc" in read_metrics(d)[-1]
     assert all(torch.equal(a, b) for a, b in zip(_params(d), _params(s)))
     assert read_summary(d)["wire"]["measured_bytes_per_worker"] == [read_summary(s)["bytes"]] * 2
+
+
+# ---------------------------------------------------------------- checkpoints that resume
+
+RESUME = ["method=alg2", "compressor=topk", "compressor.density=0.1", f"method.q={Q}", "method.B=2",
+          "steps=60", "log_every=5", "checkpoint_every=20", f"n_workers={WORLD}", "seed=3",
+          "progress_s=0", "dense_collective=all_gather"]
+
+
+def _resume_rank(rank: int, world: int, port: int, results: str, out: str, stop_at: int) -> None:
+    """One rank of a torchdist run that is killed right after step ``stop_at`` (every rank at
+    once, as a preemption does) when ``stop_at`` > 0, else runs to the end."""
+    from experiments.run import lifecycle
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    real = lifecycle.train
+
+    def train(method, steps, **kw):
+        inner = kw["on_step"]
+
+        def on_step(m):
+            inner(m)
+            if m.k == stop_at:
+                raise KeyboardInterrupt
+        return real(method, steps, **{**kw, "on_step": on_step})
+
+    lifecycle.train = train
+    w = open_world("torchdist", "cpu", "all_gather")
+    try:
+        execute(compose_config("logreg", *RESUME, f"results_dir={results}", "comm=torchdist"),
+                Path(out), task, w)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_killed_torchdist_run_resumes_bit_identically(tmp_path, results):
+    run_dir = tmp_path / "run"
+    for stop_at in (47, 0):     # killed after step 47 (checkpoint at 40), then run again
+        mp.start_processes(_resume_rank, args=(WORLD, free_port(), str(results), str(run_dir),
+                                               stop_at), nprocs=WORLD, join=True,
+                           start_method=START)
+        if stop_at:
+            assert read_summary(run_dir) is None            # preempted: no summary ...
+            for r in range(WORLD):                           # ... a checkpoint per rank
+                name = CHECKPOINT if r == 0 else f"checkpoint.rank{r}.pt"
+                assert torch.load(run_dir / name, weights_only=False)["method"]["k"] == 40
+    s = read_summary(run_dir)
+    assert s["status"] == "ok" and s["resumed"] is True
+    ref = tmp_path / "sim"
+    execute(compose_config("logreg", *RESUME, f"results_dir={results}"), ref, task)
+    assert (run_dir / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+    assert s["final"] == read_summary(ref)["final"]
+    assert not list(run_dir.glob("checkpoint*.pt"))          # a finished run keeps none
