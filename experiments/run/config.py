@@ -23,9 +23,12 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from gluon import make_compressor, resolve_method
 
-# Top-level keys that do not change a run's numbers. ``comm`` runs the same workers in one
-# process or in several (bit-identical except the dense all_reduce's summation order);
-# ``threads`` changes only speed on these models. ``experiment`` names an old records' key.
+# Top-level keys that say how a run is executed, not what it computes. ``comm`` runs the same
+# workers in one process or in several (bit-identical except the dense all_reduce's summation
+# order); ``threads`` sets torch's CPU threads, which may change the last bits of a matmul's
+# reduction but not the run's meaning (runs are bit-identical for a seed at one thread count:
+# the figures use 1). ``results_dir`` only says where caches go; ``experiment`` names an old
+# records' key.
 OPERATIONAL = ("overwrite", "threads", "wandb", "data_dir", "checkpoint_every",
                "keep_checkpoint", "group", "comm", "dense_collective", "experiment", "progress_s",
                "results_dir")
