@@ -165,3 +165,22 @@ def test_two_submissions_of_one_sweep_run_each_config_once(tmp_path, results_wit
         (run,) = [d for d in run_dir.iterdir() if d.is_dir()]
         assert [r["step"] for r in read_metrics(run)] == list(range(0, 3001, 100))
         assert read_summary(run)["status"] == "ok"
+
+
+def test_a_sweep_launches_only_the_runs_not_finished(tmp_path, results_with_cache):
+    """The sweeper composes every job and hands the launcher only the unfinished ones: a
+    re-run launches nothing, a grown grid launches only its new points."""
+    def sweep(*grid):
+        return subprocess.run([sys.executable, "-m", "experiments.logreg", "-m", *grid,
+                               "steps=200", "log_every=100", f"results_dir={results_with_cache}",
+                               f"hydra.sweep.dir={tmp_path}"], cwd=REPO, env=ENV,
+                              capture_output=True, text=True, timeout=300)
+    first = sweep("seed=0,1")
+    assert first.returncode == 0 and first.stdout.count("[start]") == 2, first.stdout
+    again = sweep("seed=0,1")
+    assert again.returncode == 0 and "Launching" not in again.stdout + again.stderr
+    assert again.stdout.count("[skip]") == 2 and "2 runs: 2 ok" in again.stdout, again.stdout
+    grown = sweep("seed=0,1,2")
+    assert grown.stdout.count("[skip]") == 2 and grown.stdout.count("[start]") == 1
+    assert "#0 : seed=2" in grown.stdout + grown.stderr            # the only job launched
+    assert "3 runs: 3 ok" in grown.stdout

@@ -53,6 +53,10 @@ def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:
     return runs
 
 
+# runs found finished before launch (hydra_plugins.gluon_sweeper, this process), for SweepReport
+SKIPPED: dict[Path, str] = {}
+
+
 class SweepReport(Callback):
     def __init__(self, fail: bool = True) -> None:
         self.fail = fail
@@ -63,7 +67,7 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        runs = sweep_runs(sweep_dir, self.t0)
+        runs = {**SKIPPED, **sweep_runs(sweep_dir, self.t0)}
         counts = Counter(runs.values())
         print(f"[sweep] {sweep_dir}: {len(runs)} runs: "
               + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), flush=True)
