@@ -21,7 +21,8 @@ def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *
 
     ``comm`` replaces the in-process simulation by another backend (e.g.
     :class:`gluon.distributed.TorchDistComm`): only the workers it hosts (``comm.local_workers``)
-    are built, so ``oracles`` needs to hold only theirs (a mapping rank -> oracle will do)."""
+    are built, so ``oracles`` needs to hold only theirs (a mapping rank -> oracle will do; with
+    the simulation, a mapping must hold every rank 0..n-1)."""
     comm = comm if comm is not None else InProcessComm(len(oracles), seed=seed)
     workers = [Worker(r, oracles[r], seed) for r in comm.local_workers]
     return make_method(method, list(params), workers, comm, compressor=compressor,

@@ -11,6 +11,19 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
+def stopping_train(train, step: int):
+    """``train`` that raises KeyboardInterrupt right after ``step`` (an in-process kill)."""
+    def stopping(method, steps, **kw):
+        inner = kw["on_step"]
+
+        def on_step(m):
+            inner(m)
+            if m.k == step:
+                raise KeyboardInterrupt
+        return train(method, steps, **{**kw, "on_step": on_step})
+    return stopping
+
+
 @pytest.fixture
 def compose_cfg():
     return compose_config

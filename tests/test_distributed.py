@@ -29,7 +29,7 @@ from experiments.run.record import read_metrics, read_summary
 from experiments.run.world import free_port, open_world
 from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, stopping_train
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
@@ -305,18 +305,7 @@ def _resume_rank(rank: int, world: int, port: int, results: str, out: str, stop_
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    real = lifecycle.train
-
-    def train(method, steps, **kw):
-        inner = kw["on_step"]
-
-        def on_step(m):
-            inner(m)
-            if m.k == stop_at:
-                raise KeyboardInterrupt
-        return real(method, steps, **{**kw, "on_step": on_step})
-
-    lifecycle.train = train
+    lifecycle.train = stopping_train(lifecycle.train, stop_at)
     w = open_world("torchdist", "cpu", "all_gather")
     try:
         execute(compose_config("logreg", *RESUME, f"results_dir={results}", "comm=torchdist"),

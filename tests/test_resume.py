@@ -29,7 +29,7 @@ from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
 from experiments.run.record import read_summary
 from experiments.run.lifecycle import execute
-from tests.conftest import compose_config
+from tests.conftest import compose_config, stopping_train
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
@@ -134,16 +134,7 @@ def test_killed_run_resumes_bit_identically(tmp_path, results, algorithm, sig):
 def _interrupt_at(monkeypatch, step):
     """Make train() raise KeyboardInterrupt right after ``step`` (an in-process kill)."""
     real = runner.train
-
-    def train(method, steps, **kw):
-        inner = kw["on_step"]
-
-        def on_step(m):
-            inner(m)
-            if m.k == step:
-                raise KeyboardInterrupt
-        return real(method, steps, **{**kw, "on_step": on_step})
-    monkeypatch.setattr(runner, "train", train)
+    monkeypatch.setattr(runner, "train", stopping_train(real, step))
     return real
 
 

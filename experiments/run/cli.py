@@ -1,9 +1,10 @@
 """The command line of every entry point: check every job's config first, then hand over to hydra.
 
-``python -m experiments.logreg [-m] [overrides]`` composes the config of every job it would run
-(one, or every point of a sweep's grid, the experiment's grid included) and validates each
-(:func:`experiments.run.config.validate`) before hydra creates a run folder or a launcher
-submits anything. A bad config prints one or two lines on stderr and exits with status 2::
+``python -m experiments.logreg [-m] [overrides]`` composes the command's config (a sweep's first
+job) and validates it (:func:`experiments.run.config.validate`) before hydra creates a run
+folder; in a sweep, the sweeper (``hydra_plugins.gluon_sweeper``) then checks every job, the
+experiment's grid included, before any is launched. A bad config prints one or two lines on
+stderr and exits with status 2::
 
     $ python -m experiments.logreg steps=abc
     error: steps=abc: Value 'abc' of type 'str' could not be converted to Integer
@@ -24,53 +25,43 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 INFO_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion")
 
 
-def job_overrides(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The overrides of every job hydra's basic sweeper would run (one job without ``-m``)."""
-    if not multirun:
-        return [overrides]
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+def first_point(overrides: list[str]) -> list[str]:
+    """The overrides of a sweep's first job: each swept key at its first value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(overrides)
-    first = [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-             if o.is_sweep_override() else o.input_line for o in parsed]
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name, overrides=first, return_hydra_config=True)
-    params = cfg.hydra.sweeper.get("params")
-    params = OmegaConf.to_container(params) if OmegaConf.is_config(params) else {}
-    given = {o.get_key_element().lstrip("+~") for o in parsed}
-    grid = [f"{k}={v}" for k, v in params.items() if k not in given]
-    batches = BasicSweeper.split_arguments(parser.parse_overrides(grid + overrides), None)
-    return [list(job) for batch in batches for job in batch]
+    return [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+            if o.is_sweep_override() else o.input_line
+            for o in OverridesParser.create().parse_overrides(overrides)]
 
 
-def check_jobs(config_name: str, overrides: list[str], multirun: bool, task) -> int:
-    """Compose and validate every job's config; the number of jobs (ConfigError if one is bad)."""
+def launcher_starts_workers(cfg) -> bool:
+    """Whether the sweep's launcher starts the worker processes itself (SLURM with one task per
+    worker): the job, not the submitting command, then checks its process world."""
+    launcher = cfg.hydra.launcher
+    return (str(launcher.get("_target_", "")).endswith("SlurmLauncher")
+            and int(launcher.get("tasks_per_node", 1) or 1) > 1)
+
+
+def check_run(config_name: str, overrides: list[str], multirun: bool, task) -> None:
+    """Compose and validate the command's config (a sweep's first job; the sweeper,
+    ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad."""
     from hydra import compose, initialize_config_dir
 
-    jobs = job_overrides(config_name, overrides, multirun)
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        for job in jobs:
-            try:
-                cfg = compose(config_name, overrides=job, return_hydra_config=multirun)
-            except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
-                raise ConfigError(_composition_message(err)) from None
-            # a SLURM launcher starts one task per worker itself: the job checks its world
-            spawns = multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith(
-                "SlurmLauncher") and int(cfg.hydra.launcher.get("tasks_per_node", 1)) > 1
-            try:
-                validate(cfg, task, check_world=not spawns)
-            except ConfigError as err:
-                if len(jobs) > 1:
-                    raise ConfigError(f"{err} (in the job {' '.join(job)})") from None
-                raise
-    return len(jobs)
+        try:
+            cfg = compose(config_name, overrides=first_point(overrides) if multirun else overrides,
+                          return_hydra_config=multirun)
+        except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
+            raise ConfigError(composition_message(err)) from None
+    validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))
 
 
-def _composition_message(err: Exception) -> str:
+def fail(message: str) -> None:
+    """A bad config: one or two lines on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def composition_message(err: Exception) -> str:
     """Hydra's message for a bad override, in one or two lines."""
     override = None
     text = str(err).strip()
@@ -99,10 +90,9 @@ def run(hydra_main: Callable, config_name: str, task, argv: list[str] | None = N
     args, _ = get_args_parser().parse_known_args(argv)
     if not any(getattr(args, f, None) for f in INFO_FLAGS):
         try:
-            check_jobs(config_name, list(args.overrides), bool(args.multirun), task)
+            check_run(config_name, list(args.overrides), bool(args.multirun), task)
         except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+            fail(str(err))
         if os.environ.get("RANK", "0") != "0":   # rank > 0 of a multi-process run: no writing
             sys.argv = [sys.argv[0], *argv, "hydra.output_subdir=null",
                         "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]

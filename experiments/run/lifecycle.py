@@ -42,6 +42,7 @@ from .world import World
 
 log = logging.getLogger("experiments.run")
 LOCK = ".lock"
+POLL = 10      # steps between the ranks' agreement on a pending signal (comm=torchdist)
 
 
 class RunLock:
@@ -142,7 +143,7 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
         path.unlink(missing_ok=True)
         record.start()
     log.info("[start] %s: %s", where, _summary_line(config))
-    progress = Progress(cfg, method, prior_time)
+    progress = Progress(cfg, method)
     t0 = time.perf_counter()
 
     def save():
@@ -159,8 +160,8 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
             nonlocal interrupted
             progress.tick(record.last_row)
             stop = guard.pending is not None
-            if world.size > 1:
-                stop = world.any(stop)        # every rank checkpoints at the same step
+            if world.size > 1:                # the ranks agree (a collective) every POLL steps,
+                stop = m.k % POLL == 0 and world.any(stop)   # so all checkpoint at one step
             periodic = every and m.k % every == 0 and m.k < cfg.steps
             if periodic or stop:
                 save()
@@ -242,7 +243,7 @@ class Progress:
     """A log line every ``progress_s`` seconds of wall time: step, uplink, the last logged
     metric, steps/s and the time left (by steps, or by uplink when a budget stops the run)."""
 
-    def __init__(self, cfg, method, prior_time: float = 0.0):
+    def __init__(self, cfg, method):
         self.every = float(cfg.get("progress_s", 10.0) or 0.0)
         self.steps, self.max_comm = cfg.steps, cfg.get("max_comm")
         self.method = method

@@ -259,8 +259,7 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
                               amp=amp, max_chunk=t.max_chunk)
                for r in ranks}
     rules = [tuple(r) for r in (t.lmo_rules or [])]
-    method = simulate_module(cfg.method.name, model, [oracles[r] for r in range(cfg.n_workers)]
-                             if comm is None else oracles, compressor=compressor, comm=comm,
+    method = simulate_module(cfg.method.name, model, oracles, compressor=compressor, comm=comm,
                              lmo_rules=rules, lmo_default=t.lmo_default, ns_steps=t.ns_steps,
                              head_scale=t.get("head_scale", 16.0),
                              seed=cfg.seed, **method_hparams(cfg.method))

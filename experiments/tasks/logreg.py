@@ -178,8 +178,7 @@ def build(cfg, compressor, world=None) -> Built:
     oracles = {r: LogRegOracle(A[shards[r]], b[shards[r]], cfg.batch_size, cfg.task.l2)
                for r in ranks}
     x = torch.zeros(A.shape[1])
-    method = simulate(cfg.method.name, [x], [oracles[r] for r in range(cfg.n_workers)]
-                      if comm is None else oracles, compressor=compressor, seed=cfg.seed,
+    method = simulate(cfg.method.name, [x], oracles, compressor=compressor, seed=cfg.seed,
                       comm=comm, **method_hparams(cfg.method))
 
     def evaluate(m):

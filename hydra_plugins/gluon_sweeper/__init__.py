@@ -5,6 +5,7 @@ this one (``hydra.sweeper._target_``).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -12,21 +13,39 @@ from omegaconf import OmegaConf
 
 
 class SkipFinishedSweeper(BasicSweeper):
-    """Hydra's basic sweeper that launches only the jobs whose run is not finished yet.
+    """Hydra's basic sweeper that checks every job first and launches only unfinished runs.
 
-    Every job's config is composed (as the sweeper does anyway to validate a batch) and its run
-    folder checked: a finished run with the same config (``experiments.run.record.is_finished``)
-    is reported ``[skip]`` here and never handed to the launcher, so re-running a finished sweep
-    on SLURM submits nothing. ``overwrite=true`` launches every job."""
+    Before anything is launched or any folder made, every job's config is composed and checked
+    (:func:`experiments.run.config.validate` with the entry point's task): one bad job stops the
+    sweep with one line and exit status 2. Then each job's run folder is looked at: a finished
+    run with the same config (``experiments.run.record.is_finished``) is reported ``[skip]``
+    here and never handed to the launcher, so re-running a finished sweep on SLURM submits
+    nothing. ``overwrite=true`` launches every job."""
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        # the entry point's module (experiments/logreg.py, experiments/cnn.py) names its task
+        self.task = getattr(sys.modules[task_function.__module__], "task", None)
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
-        from experiments.run.config import plain
+        from experiments.run.cli import composition_message, fail, launcher_starts_workers
+        from experiments.run.config import ConfigError, plain, validate
         from experiments.run.record import is_finished, read_summary
         from experiments.run.sweep import SKIPPED
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
+        check_world = not launcher_starts_workers(self.config)
+        cfgs = []
+        for job in jobs:                       # every job checked before any is launched
+            try:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+                validate(cfg, self.task, check_world=check_world)
+            except ConfigError as err:
+                fail(f"{err} (in the job {' '.join(job)})")
+            except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
+                fail(f"{composition_message(err)} (in the job {' '.join(job)})")
+            cfgs.append(cfg)
         todo = []
-        for job in jobs:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+        for job, cfg in zip(jobs, cfgs):
             run_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
             if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(plain(cfg))):
                 print(f"[skip] {run_dir}: already finished with this config", flush=True)
