@@ -20,6 +20,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -159,9 +160,12 @@ class _Sparse(Compressor):
         return self.k(numel) / numel
 
     def decompress(self, p):
-        flat = torch.zeros(math.prod(p.shape), dtype=p.wire["values"].dtype,
-                           device=p.wire["values"].device)
-        flat[self._indices(p)] = p.wire["values"]
+        values = p.wire["values"]
+        flat = torch.zeros(math.prod(p.shape), dtype=values.dtype, device=values.device)
+        if _numpy_view_ok(values):
+            flat.numpy()[self._indices(p).numpy()] = values.numpy()
+        else:
+            flat[self._indices(p)] = values
         return flat.reshape(p.shape)
 
 
@@ -213,6 +217,40 @@ class RandK(_Sparse):
         return 4 * self.k(numel)
 
 
+def largest_magnitudes(a: np.ndarray, k: int) -> np.ndarray:
+    """Indices (int64, in no particular order) of the k largest |a_j| of a 1-D array.
+
+    The same set as ``torch.topk(abs(a), k).indices``; which of several equal magnitudes at the
+    k-th place is kept is unspecified in both, and NaN counts as the largest in both. A
+    threshold read off every 16th magnitude keeps about 2k candidates and numpy's introselect
+    picks the k largest of those; when fewer than k pass the threshold (a sample that misjudged
+    the tail) it selects over the whole block instead, so the result is exact either way. On
+    the CNN's 36,864-coordinate blocks this is about 4x faster than torch.topk's partial sort.
+    """
+    n = a.size
+    mag = np.abs(a)
+    if n >= _PREFILTER_MIN and k <= n // 8:
+        sample = mag[::_PREFILTER_STRIDE]
+        rank = min(sample.size, 2 * k // _PREFILTER_STRIDE + 4)
+        threshold = np.partition(sample, sample.size - rank)[sample.size - rank]
+        cand = np.flatnonzero(~(mag < threshold))   # ~(<) keeps NaN, as topk does
+        if cand.size >= k:
+            return cand[np.argpartition(mag[cand], cand.size - k)[cand.size - k:]]
+    return np.argpartition(mag, n - k)[n - k:]
+
+
+_PREFILTER_MIN = 4096     # coordinates; below this one introselect over the block is cheapest
+_PREFILTER_STRIDE = 16    # every 16th magnitude estimates the threshold
+
+
+def _numpy_view_ok(t: Tensor) -> bool:
+    """Whether a sparse compressor may work on ``t`` through a numpy view (CPU, float32/64,
+    no autograd): numpy's per-call cost is a fraction of torch's, and a step encodes many
+    small blocks (``make bench-cnn``). Other tensors (CUDA, bf16) take the torch path."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) \
+        and not t.requires_grad
+
+
 class TopK(_Sparse):
     """Greedy contraction: keep the k largest |x_j| unscaled; delta = k/d. Sends values + int32 indices."""
     name = "topk"
@@ -225,8 +263,14 @@ class TopK(_Sparse):
         return p.wire["indices"].long()
 
     def compress(self, x, seed):
-        flat = x.reshape(-1)
-        idx = torch.topk(flat.abs(), self.k(flat.numel()), sorted=False).indices
+        flat = x.detach().reshape(-1)
+        k = self.k(flat.numel())
+        if _numpy_view_ok(flat):
+            a = flat.numpy()
+            idx = largest_magnitudes(a, k)
+            return Packet({"values": torch.from_numpy(a[idx]),
+                           "indices": torch.from_numpy(idx.astype(np.int32))}, x.shape)
+        idx = torch.topk(flat.abs(), k, sorted=False).indices
         return Packet({"values": flat[idx], "indices": idx.to(torch.int32)}, x.shape)
 
     def wire_bytes(self, numel):

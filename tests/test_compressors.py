@@ -117,6 +117,47 @@ def test_topk_keeps_the_largest_magnitudes_unscaled():
     assert x[kept].abs().min() >= x[~kept].abs().max()
 
 
+def _topk_reference(x, k):
+    return set(torch.topk(x.reshape(-1).abs(), k).indices.tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["normal", "ascending", "heavy_tail", "sampled_tail"])
+@pytest.mark.parametrize("shape,density", [((64, 64, 3, 3), 0.01), ((64, 64, 3, 3), 0.1),
+                                           ((9216,), 0.01), ((3456,), 0.01), ((64,), 0.01),
+                                           ((16,), 0.5), ((40,), 1.0)])
+def test_topk_selects_exactly_the_set_torch_topk_selects(dtype, layout, shape, density):
+    """TopK selects on CPU with numpy (a sampled threshold, then introselect, with a fallback
+    to the whole block): the kept set must be torch.topk's, for layouts that make the sampled
+    threshold right (normal), too low (heavy_tail) and too high (sampled_tail: every 16th
+    coordinate, the only ones the threshold sees, is large, so fewer than k pass it)."""
+    n = math.prod(shape)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    if layout == "ascending":
+        x = torch.linspace(-1, 1, n, dtype=torch.float64) ** 3 + 1e-3 * x
+    if layout == "heavy_tail":
+        x = x * torch.exp(3 * torch.randn(n, generator=g, dtype=torch.float64))
+    if layout == "sampled_tail":
+        x[::16] = 100 + torch.randperm(len(x[::16]), generator=g).double()
+    x = x.to(dtype).reshape(shape)
+    c = TopK(density)
+    p = c.compress(x, seed=0)
+    idx = p.wire["indices"]
+    assert idx.dtype == torch.int32 and p.wire["values"].dtype == dtype
+    assert set(idx.tolist()) == _topk_reference(x, c.k(n))
+    assert len(set(idx.tolist())) == c.k(n)
+    assert torch.equal(p.wire["values"], x.reshape(-1)[idx.long()])
+
+
+def test_topk_counts_nan_as_the_largest_magnitude_as_torch_topk_does():
+    x = torch.randn(36864, generator=torch.Generator().manual_seed(0))
+    x[[7, 1000, 20001]] = float("nan")          # none on the sampled stride
+    idx = set(TopK(0.01).compress(x, seed=0).wire["indices"].tolist())
+    assert {7, 1000, 20001} <= idx
+    assert idx == _topk_reference(x, TopK(0.01).k(x.numel()))
+
+
 def test_zero_returns_zeros_of_the_same_shape_and_dtype():
     x = _x((3, 2), dtype=torch.float64)
     y = Zero()(x, seed=5)
