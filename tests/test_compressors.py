@@ -118,19 +118,25 @@ def test_topk_keeps_the_largest_magnitudes_unscaled():
 
 
 def _topk_reference(x, k):
-    return set(torch.topk(x.reshape(-1).abs(), k).indices.tolist())
+    """TopK's rule by brute force: magnitudes in descending order (NaN first), equal ones by
+    ascending index (a stable sort), the first k, ascending."""
+    order = torch.sort(x.reshape(-1).double().abs(), descending=True, stable=True).indices
+    return sorted(order[:k].tolist())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["normal", "ascending", "heavy_tail", "sampled_tail"])
+@pytest.mark.parametrize("layout", ["normal", "ascending", "heavy_tail", "sampled_tail", "ties"])
 @pytest.mark.parametrize("shape,density", [((64, 64, 3, 3), 0.01), ((64, 64, 3, 3), 0.1),
-                                           ((9216,), 0.01), ((3456,), 0.01), ((64,), 0.01),
-                                           ((16,), 0.5), ((40,), 1.0)])
-def test_topk_selects_exactly_the_set_torch_topk_selects(dtype, layout, shape, density):
-    """TopK selects on CPU with numpy (a sampled threshold, then introselect, with a fallback
-    to the whole block): the kept set must be torch.topk's, for layouts that make the sampled
-    threshold right (normal), too low (heavy_tail) and too high (sampled_tail: every 16th
-    coordinate, the only ones the threshold sees, is large, so fewer than k pass it)."""
+                                           ((9216,), 0.01), ((3456,), 0.01), ((123,), 0.1),
+                                           ((64,), 0.01), ((16,), 0.5), ((40,), 1.0)])
+def test_topk_keeps_the_k_largest_magnitudes_and_the_lowest_indices_of_ties(dtype, layout,
+                                                                            shape, density):
+    """On CPU TopK selects with numpy (a sampled threshold, then introselect, with a fallback
+    to the whole block); on bf16 with a stable sort. Both must keep exactly the rule's set, for
+    layouts that make the sampled threshold right (normal), too low (heavy_tail), too high
+    (sampled_tail: every 16th coordinate, the only ones the threshold sees, is large, so fewer
+    than k pass it), and for many equal magnitudes at the k-th place (ties: values in
+    {-2, -1, 0, 1, 2}, as binary features give on a5a)."""
     n = math.prod(shape)
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=g, dtype=torch.float64)
@@ -140,22 +146,28 @@ def test_topk_selects_exactly_the_set_torch_topk_selects(dtype, layout, shape, d
         x = x * torch.exp(3 * torch.randn(n, generator=g, dtype=torch.float64))
     if layout == "sampled_tail":
         x[::16] = 100 + torch.randperm(len(x[::16]), generator=g).double()
+    if layout == "ties":
+        x = torch.randint(-2, 3, (n,), generator=g).double()
     x = x.to(dtype).reshape(shape)
     c = TopK(density)
     p = c.compress(x, seed=0)
     idx = p.wire["indices"]
     assert idx.dtype == torch.int32 and p.wire["values"].dtype == dtype
-    assert set(idx.tolist()) == _topk_reference(x, c.k(n))
-    assert len(set(idx.tolist())) == c.k(n)
+    assert idx.tolist() == _topk_reference(x, c.k(n))
     assert torch.equal(p.wire["values"], x.reshape(-1)[idx.long()])
 
 
-def test_topk_counts_nan_as_the_largest_magnitude_as_torch_topk_does():
-    x = torch.randn(36864, generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_counts_nan_as_the_largest_magnitude(dtype):
+    x = torch.randn(36864, generator=torch.Generator().manual_seed(0)).to(dtype)
     x[[7, 1000, 20001]] = float("nan")          # none on the sampled stride
-    idx = set(TopK(0.01).compress(x, seed=0).wire["indices"].tolist())
-    assert {7, 1000, 20001} <= idx
-    assert idx == _topk_reference(x, TopK(0.01).k(x.numel()))
+    c = TopK(0.01)
+    idx = c.compress(x, seed=0).wire["indices"].tolist()
+    assert {7, 1000, 20001} <= set(idx)
+    assert idx == _topk_reference(x, c.k(x.numel()))
+    x[::2] = float("nan")                        # more NaNs than k: the lowest-index ones
+    nan_at = torch.isnan(x.float()).nonzero().flatten().tolist()
+    assert c.compress(x, seed=0).wire["indices"].tolist() == nan_at[:c.k(x.numel())]
 
 
 def test_zero_returns_zeros_of_the_same_shape_and_dtype():
