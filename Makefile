@@ -102,7 +102,8 @@ fig4: $(STAMP)  ## Alg. 1: large batch B x RandK density (App. G)
 	$(PY) -m paper.ablation aggregate $@
 	$(PY) -m paper.ablation plot $@
 
-fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G; after fig4)
+fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G)
+	$(LOGREG_SWEEP) experiment=fig4   # Alg. 1 with RandK, the dashed lines (Fig. 4's runs; skipped when done)
 	$(LOGREG_SWEEP) experiment=$@
 	$(PY) -m paper.ablation aggregate $@
 	$(PY) -m paper.ablation plot $@

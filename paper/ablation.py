@@ -59,9 +59,11 @@ def aggregate(fig: str) -> Path:
     spec = FIGS[fig]
     runs = []
     for folder, method in spec["sweeps"]:
-        runs += [r for r in load_runs(folder) if r.config["method"]["name"] == method]
-    if not runs:
-        raise SystemExit(f"no finished runs for {fig}; run `make {fig}`")
+        found = [r for r in load_runs(folder) if r.config["method"]["name"] == method]
+        if not found:   # a figure without one of its sweeps would be another figure
+            raise SystemExit(f"{fig} needs the {method} runs of {folder}, and it has none "
+                             f"finished; run `make {fig}`")
+        runs += found
     rows = []
     for x in spec["x"]:
         budget = min(max(row[x] for row in r.rows) for r in runs) if x == "step" else \

@@ -44,10 +44,12 @@ def test_tuned_configs_compose_and_fix_the_method():
         validate(cfg)
 
 
-def fake_run(tmp, name, seed, comm, gap, method="alg1", status="ok", max_comm=40, **method_kw):
+def fake_run(tmp, name, seed, comm, gap, method="alg1", status="ok", max_comm=40,
+             compressor=None, **method_kw):
     d = tmp / f"{name}-{seed}"
     d.mkdir(parents=True)
-    config = {"method": {"name": method, **method_kw}, "compressor": {"name": "randk"},
+    config = {"method": {"name": method, **method_kw},
+              "compressor": compressor or {"name": "randk"},
               "seed": seed, "max_comm": max_comm, "experiment": "t"}
     (d / "summary.json").write_text(json.dumps({"status": status, "config": config,
                                                 "wall_time": 1.0}))
@@ -138,6 +140,26 @@ def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
     fig2.plot(tmp_path / "figs")
     assert (tmp_path / "figs" / "fig2.png").stat().st_size > 10_000
     assert (tmp_path / "figs" / "fig2.pdf").exists()
+
+
+def test_an_ablation_figure_refuses_to_aggregate_without_one_of_its_sweeps(tmp_path, monkeypatch):
+    """Fig. 6 draws Alg. 2 (its sweep) against Alg. 1 (Fig. 4's sweep): without Fig. 4's runs
+    it must stop and say so, not write a figure without the dashed lines."""
+    from paper import ablation
+    monkeypatch.chdir(tmp_path)
+    comm = [0, 10, 20, 30, 40]
+    for s in range(2):
+        fake_run(tmp_path / "results/sweeps/fig6", "a", s, comm, [1, .5, .2, .1, .05],
+                 method="alg2", compressor={"name": "topk", "density": 0.01}, B=4)
+    with pytest.raises(SystemExit, match="needs the alg1 runs of results/sweeps/fig4"):
+        ablation.aggregate("fig6")
+    assert not (tmp_path / "results/fig6/curves.csv").exists()
+    for s in range(2):
+        fake_run(tmp_path / "results/sweeps/fig4", "b", s, comm, [1, .4, .2, .1, .05],
+                 compressor={"name": "randk", "density": 0.01}, B=4)
+    ablation.aggregate("fig6")
+    labels = {r["label"] for r in analysis.read_csv(tmp_path / "results/fig6/curves.csv")}
+    assert labels == {"alg2, B=4", "alg1, B=4"}
 
 
 def test_tiny_multirun_sweep_end_to_end(tmp_path):
