@@ -275,7 +275,7 @@ class TopK(_Sparse):
         return self.k(numel) / numel
 
     def _indices(self, p):
-        return p.wire["indices"].long()
+        return p.wire["indices"]   # int32 indexes numpy arrays and tensors as it is
 
     def compress(self, x, seed):
         flat = x.detach().reshape(-1)
