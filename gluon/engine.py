@@ -46,15 +46,23 @@ def is_finite(params: Sequence[Tensor]) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in params)
 
 
+def gradients_per_worker(method: Method) -> float:
+    """Stochastic gradient evaluations per worker so far, in minibatches (every worker makes
+    the same number; a process of a multi-process run sees its own workers)."""
+    return sum(w.grads for w in method.workers) / len(method.workers)
+
+
 def train(method: Method, steps: int, *, log_every: int | None,
           evaluate: Callable[[Method], dict],
           on_log: Callable[[dict], None] = lambda row: None,
           on_step: Callable[[Method], None] = lambda m: None,
-          max_comm: float | None = None, log_comm: float | None = None) -> str:
+          max_comm: float | None = None, log_comm: float | None = None,
+          max_grads: float | None = None) -> str:
     """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``), or until
-    its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget).
+    its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget), or
+    until each worker has made ``max_grads`` gradient evaluations (a compute budget).
 
-    Logs a row {step, comm, bytes, **evaluate(method)} at step 0, at the end, every
+    Logs a row {step, comm, bytes, grads, **evaluate(method)} at step 0, at the end, every
     ``log_every`` steps (0 or None: never by step count) and, with ``log_comm``, at the first
     step whose uplink crosses each multiple of ``log_comm`` (rows aligned on communication, so
     every method is looked at equally often per unit of uplink, however much its steps cost).
@@ -68,7 +76,7 @@ def train(method: Method, steps: int, *, log_every: int | None,
         raise ValueError(f"log_comm must be > 0, got {log_comm}")
     def log() -> bool:
         row = {"step": method.k, "comm": method.comm.ledger.cost,
-               "bytes": method.comm.ledger.bytes}
+               "bytes": method.comm.ledger.bytes, "grads": gradients_per_worker(method)}
         finite = is_finite(method.params)
         if finite:
             row.update(evaluate(method))
@@ -79,7 +87,9 @@ def train(method: Method, steps: int, *, log_every: int | None,
     if method.k == 0 and not log():
         return "diverged"
     def done():
-        return method.k >= steps or (max_comm is not None and method.comm.ledger.cost >= max_comm)
+        return (method.k >= steps
+                or (max_comm is not None and method.comm.ledger.cost >= max_comm)
+                or (max_grads is not None and gradients_per_worker(method) >= max_grads))
 
     def crossed(before: float) -> bool:   # stateless, so a resumed run logs the same rows
         return bool(log_comm) and (math.floor(method.comm.ledger.cost / log_comm)

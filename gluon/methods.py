@@ -102,7 +102,13 @@ class Method:
 
     def large_batch_grad(self, w: Worker) -> list[Tensor]:
         """g^{tau,k}: the mean gradient over B minibatches drawn at X^k."""
+        w.grads += self.B
         return w.oracle.grad(self.params, w.sample(self.B))
+
+    def minibatch_grad(self, w: Worker) -> list[Tensor]:
+        """A stochastic gradient at X^k on one fresh minibatch."""
+        w.grads += 1
+        return w.oracle.grad(self.params, w.sample(1))
 
     def delta(self, w: Worker) -> list[Tensor]:
         """Delta^{tau,k} on one fresh minibatch; scaled by 1/B when u^k = 0 and the switch is on.
@@ -114,6 +120,7 @@ class Method:
         times the unscaled memory and C(Delta/B + e) = C(Delta + e_unscaled)/B (a test checks
         it). Default per method name (``METHODS[name].defaults``): on for alg1 and alg2 only.
         """
+        w.grads += 2
         d = w.oracle.grad_diff(self.params, self.prev, w.sample(1))
         if self.scale_by_B and not self.u and self.B > 1:
             d = [x / self.B for x in d]
@@ -263,6 +270,7 @@ class VRMarina(Alg1):
 
     def large_batch_grad(self, w):
         if self.full:
+            w.grads += w.oracle.shard_minibatches()
             return w.oracle.grad(self.params, w.oracle.full())
         return super().large_batch_grad(w)
 
@@ -284,7 +292,7 @@ class EF21Muon(Method):
         msgs = []
         # every worker's gradient first, then their vector work back to back: the same
         # arithmetic, but the small ops then run on warm caches (``make bench-cnn``)
-        grads = [w.oracle.grad(self.params, w.sample(1)) for w in self.workers]
+        grads = [self.minibatch_grad(w) for w in self.workers]
         for w, grad in zip(self.workers, grads):
             mom = w.state.get("M")
             mom = grad if mom is None else _axpby(self.beta, mom, 1 - self.beta, grad)

@@ -35,6 +35,13 @@ class Oracle:
     def loss(self, params: Sequence[Tensor], batch: Any) -> float:
         raise NotImplementedError
 
+    def shard_minibatches(self) -> float:
+        """The whole shard (:meth:`full`) in minibatches of the task's batch size (counting
+        gradient evaluations: a full local gradient costs this many). Needed by methods that
+        take full local gradients (VR-MARINA with ``full``)."""
+        raise NotImplementedError(f"{type(self).__name__} needs shard_minibatches() (the shard "
+                                  "size over the batch size) to count a full local gradient")
+
 
 class ModuleOracle(Oracle):
     """Autograd oracle for any module: loss_fn(model(inputs), targets) averaged over the batch.
@@ -63,6 +70,9 @@ class ModuleOracle(Oracle):
     def full(self):
         return self.inputs, self.targets
 
+    def shard_minibatches(self) -> float:
+        return len(self.targets) / self.batch_size
+
     def _loss(self, params, batch):
         x, y = batch
         out = functional_call(self.model, dict(zip(self.names, params)), (x,))
@@ -80,14 +90,17 @@ class ModuleOracle(Oracle):
 
 
 class Worker:
-    """Worker tau: an oracle on its shard, a data RNG seeded from (run seed, rank), and the
-    method's per-worker state (error memory, local momentum, ...) in ``state``."""
+    """Worker tau: an oracle on its shard, a data RNG seeded from (run seed, rank), the
+    method's per-worker state (error memory, local momentum, ...) in ``state``, and ``grads``:
+    the stochastic gradient evaluations it has made, in minibatches of the task's batch size (a
+    gradient on B minibatches counts B, a difference of gradients at two points counts 2)."""
 
     def __init__(self, rank: int, oracle: Oracle, seed: int):
         self.rank = rank
         self.oracle = oracle
         self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         self.state: dict[str, Any] = {}
+        self.grads = 0.0
 
     def sample(self, batches: int = 1):
         return self.oracle.sample(self.gen, batches)
@@ -97,8 +110,10 @@ class Worker:
     # e.g. the error memory "e", every step) and made two methods loaded from one checkpoint
     # share their workers' state. Method.state_dict clones everything else already.
     def state_dict(self):
-        return {"gen": self.gen.get_state(), "state": copy.deepcopy(self.state)}
+        return {"gen": self.gen.get_state(), "state": copy.deepcopy(self.state),
+                "grads": self.grads}
 
     def load_state_dict(self, s):
         self.gen.set_state(s["gen"])
         self.state = copy.deepcopy(s["state"])
+        self.grads = s.get("grads", 0.0)     # checkpoints written before the count: from 0

@@ -24,8 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from gluon.comm import InProcessComm
-from gluon.compressors import Identity, Natural, QSGD, RandK, TopK, Zero
-from gluon.engine import simulate, train
+from gluon.compressors import Identity, Natural, QSGD, RandK, TopK, Zero, make_compressor
+from gluon.engine import gradients_per_worker, simulate, train
 from gluon.lmo import Block, Euclidean
 from gluon.methods import (METHODS, Alg1, Alg2, Alg3, Alg4, EF21Muon, GradientUpdate, LMOUpdate,
                            Method, MethodSpec, VRMarina, method_spec, resolve_method)
@@ -60,6 +60,9 @@ class LeastSquaresOracle(Oracle):
 
     def full(self):
         return None
+
+    def shard_minibatches(self):
+        return len(self.b) / self.batch_size
 
     def _rows(self, idx):
         return (self.A, self.b) if idx is None else (self.A[idx], self.b[idx])
@@ -989,3 +992,66 @@ def test_train_reports_divergence_when_the_oracle_returns_inf():
 def test_train_reports_divergence_of_a_non_finite_logged_value():
     m = build("alg1", RandK(0.25), q=0.5)
     assert train(m, 10, log_every=2, evaluate=lambda m: {"loss": float("nan")}) == "diverged"
+
+
+# ---------------------------------------------------------------- gradient evaluations counted
+
+class MinibatchCounter:
+    """Wraps an oracle: adds up the minibatches every gradient it is asked for is taken over
+    (a gradient difference counts its two gradients; the whole shard counts rows/batch_size)."""
+
+    def __init__(self, oracle):
+        self.oracle, self.minibatches = oracle, 0.0
+
+    def _count(self, idx):
+        rows = len(self.oracle.b) if idx is None else len(idx)
+        self.minibatches += rows / self.oracle.batch_size
+
+    def grad(self, params, idx):
+        self._count(idx)
+        return self.oracle.grad(params, idx)
+
+    def grad_diff(self, params, prev, idx):
+        self._count(idx)
+        self._count(idx)
+        return self.oracle.grad_diff(params, prev, idx)
+
+    def __getattr__(self, name):
+        return getattr(self.oracle, name)
+
+
+@pytest.mark.parametrize("name,compressor,hp", [
+    ("gluon", "identity", {}),
+    ("alg1", "randk", {"q": 0.3, "B": 5}),
+    ("alg2", "topk", {"q": 0.3, "B": 3}),
+    ("alg3", "randk", {"q": 0.3, "B": 4}),
+    ("alg4", "topk", {"q": 0.3, "B": 4}),
+    ("ef21_muon", "topk", {}),
+    ("vr_marina", "randk", {"q": 0.3, "full": True}),
+    ("vr_marina", "randk", {"q": 0.3, "B": 6, "full": False}),
+])
+def test_gradient_evaluations_per_worker_are_the_minibatches_the_oracle_is_asked_for(name, compressor, hp):
+    """Every worker's ``grads`` (logged as a row's ``grads``) equals the minibatches its oracle
+    really computed gradients over: B on a sync, 2 for a gradient difference, 1 for
+    EF21-Muon's minibatch gradient, rows / batch size for a full local gradient."""
+    oracles, params = make_problem(batch_size=4)
+    counters = [MinibatchCounter(o) for o in oracles]
+    comp = make_compressor(compressor, **({"density": 0.25} if compressor in ("randk", "topk") else {}))
+    m = build(name, comp, problem=(counters, params), **hp)
+    for _ in range(40):
+        m.step()
+    for w, c in zip(m.workers, counters):
+        assert w.grads == c.minibatches > 0
+    assert gradients_per_worker(m) == counters[0].minibatches
+
+
+def test_a_compute_budget_stops_a_run_at_the_first_step_that_reaches_it():
+    """train(max_grads=G) stops at the first step at which each worker has made G gradient
+    evaluations: EF21-Muon makes one a step, so it stops at step G; the last row logs it."""
+    oracles, params = make_problem(batch_size=4)
+    m = build("ef21_muon", make_compressor("topk", density=0.25), problem=(oracles, params))
+    rows = []
+    status = train(m, 1000, log_every=5, evaluate=lambda m: {}, on_log=rows.append, max_grads=17)
+    assert status == "ok" and m.k == 17
+    assert rows[-1]["step"] == 17 and rows[-1]["grads"] == 17.0
+    assert [r["grads"] for r in rows] == [r["step"] for r in rows]

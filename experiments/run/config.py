@@ -93,7 +93,8 @@ class RunConf:
     wandb: WandbConf = field(default_factory=WandbConf)
     seed: int = 0
     steps: int = MISSING
-    max_comm: Optional[float] = None
+    max_comm: Optional[float] = None    # uplink budget per worker (dense gradients); null: none
+    max_grads: Optional[float] = None   # compute budget: gradient evaluations per worker (minibatches)
     n_workers: int = 4
     batch_size: int = MISSING
     log_every: int = MISSING
@@ -246,6 +247,8 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
            "set log_every (steps) or log_comm (uplink units) > 0: nothing would be logged")
     _check(cfg.get("max_comm") is None or cfg.max_comm > 0, "max_comm", cfg.get("max_comm"),
            "must be > 0 (uplink units per worker) or null")
+    _check(cfg.get("max_grads") is None or cfg.max_grads > 0, "max_grads", cfg.get("max_grads"),
+           "must be > 0 (gradient evaluations per worker, in minibatches) or null")
     _check(cfg.threads >= 1, "threads", cfg.threads, "must be >= 1")
     try:
         compressor = build_compressor(cfg.compressor)

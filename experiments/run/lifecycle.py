@@ -34,6 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gluon import train
+from gluon.engine import gradients_per_worker
 
 from . import checkpoint as ckpt
 from .config import plain, validate
@@ -175,7 +176,7 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
         try:
             status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=built.evaluate,
                            on_log=record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
-                           log_comm=cfg.get("log_comm"))
+                           log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
         except Exception:
             if interrupted:                   # e.g. submitit: "timed-out too many times"
                 record.abort()
@@ -234,6 +235,8 @@ def _summary_line(config: dict) -> str:
     comp = " ".join(f"{k}={v}" for k, v in c.items() if k != "name" and v is not None)
     budget = (f"{config['steps']} steps" if config.get("max_comm") is None
               else f"{config['max_comm']:g} units of uplink (at most {config['steps']} steps)")
+    if config.get("max_grads") is not None:
+        budget += f", at most {config['max_grads']:g} gradient evaluations per worker"
     return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {t.get('name')}, "
             f"{config.get('n_workers')} workers ({config.get('comm', 'sim')}), seed "
             f"{config.get('seed')}, {budget}")
@@ -245,7 +248,7 @@ class Progress:
 
     def __init__(self, cfg, method):
         self.every = float(cfg.get("progress_s", 10.0) or 0.0)
-        self.steps, self.max_comm = cfg.steps, cfg.get("max_comm")
+        self.steps, self.max_comm, self.max_grads = cfg.steps, cfg.get("max_comm"), cfg.get("max_grads")
         self.method = method
         self.t0 = time.monotonic()
         self.k0, self.done0 = method.k, self.done()
@@ -258,6 +261,8 @@ class Progress:
         done = m.k / self.steps if self.steps else 1.0
         if self.max_comm:
             done = max(done, m.comm.ledger.cost / self.max_comm)
+        if self.max_grads:
+            done = max(done, gradients_per_worker(m) / self.max_grads)
         return min(done, 1.0)
 
     def tick(self, row: dict | None) -> None:

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from gluon import simulate_module
+from gluon.engine import gradients_per_worker
 from gluon.worker import ModuleOracle
 
 from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
@@ -106,6 +107,9 @@ class CifarOracle(ModuleOracle):
         n = len(self.inputs) // self.batch_size * self.batch_size
         return self._prepare(normalize(self.inputs[:n])), self.targets[:n]
 
+    def shard_minibatches(self) -> float:
+        return float(len(self.inputs) // self.batch_size)   # as full() cuts it
+
     def _loss(self, params, batch):
         with torch.autocast(batch[0].device.type, dtype=torch.bfloat16, enabled=self.amp):
             return super()._loss(params, batch)
@@ -142,13 +146,14 @@ class Evaluator:
 
     def __init__(self, model, train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor,
                  *, batch_size: int, eval_every: int, steps: int, max_comm: float | None = None,
+                 max_grads: float | None = None,
                  label_smoothing: float = 0.0, channels_last: bool = False, amp: bool = False,
                  chunk: int = 512):
         self.model = model
         self.train = (train_x, train_y)
         self.test = (test_x, test_y)
         self.batch_size, self.eval_every, self.steps = batch_size, eval_every, steps
-        self.max_comm = max_comm
+        self.max_comm, self.max_grads = max_comm, max_grads
         self.label_smoothing = label_smoothing
         self.channels_last, self.amp = channels_last, amp
         self.chunk = max(batch_size, chunk // batch_size * batch_size)
@@ -192,8 +197,9 @@ class Evaluator:
 
     def __call__(self, method) -> dict:
         row = {"loss": self.train_loss()}
-        last = method.k >= self.steps or (self.max_comm is not None
-                                          and method.comm.ledger.cost >= self.max_comm)
+        last = (method.k >= self.steps
+                or (self.max_comm is not None and method.comm.ledger.cost >= self.max_comm)
+                or (self.max_grads is not None and gradients_per_worker(method) >= self.max_grads))
         if (self.eval_every and method.k % self.eval_every == 0) or last:
             row.update(self.test_scores())
         return row
@@ -269,7 +275,7 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
     evaluate = Evaluator(model, train_x[ev_train.to(device)], train_y[ev_train.to(device)],
                          test_x[ev_test.to(device)], test_y[ev_test.to(device)],
                          batch_size=cfg.batch_size, eval_every=cfg.eval_every, steps=cfg.steps,
-                         max_comm=cfg.get("max_comm"),
+                         max_comm=cfg.get("max_comm"), max_grads=cfg.get("max_grads"),
                          label_smoothing=t.label_smoothing, channels_last=channels_last, amp=amp)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     extra = {"params": count_params(model), "n_params": count_params(model)["total"],

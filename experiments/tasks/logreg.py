@@ -53,6 +53,9 @@ class LogRegOracle(Oracle):
     def full(self):
         return None  # marker: the whole shard
 
+    def shard_minibatches(self) -> float:
+        return len(self.b) / self.batch_size
+
     def _rows(self, idx):
         if idx is None:
             return self.A, self.b
