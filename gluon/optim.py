@@ -268,7 +268,7 @@ class GluonOptimizer(torch.optim.Optimizer):
         self._building = True
         super().__init__(params, {"lr": lr, "beta": beta, "lmo": None, "lmo_scale": None})
         self._building = False
-        self._check_groups()
+        self._check_groups(building=True)
         named, slices = self._trainable()
         self._params = [p for _, p in named]
         _check_devices(named)
@@ -364,9 +364,13 @@ class GluonOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     # ------------------------------------------------------------------ construction helpers
-    def _check_groups(self) -> None:
+    def _check_groups(self, building: bool = False) -> None:
+        """lr > 0 at construction; afterwards a schedule may bring it to 0 (no step), never
+        below."""
         for g in self.param_groups:
-            check_hparams(lr=g["lr"], beta=g["beta"])
+            check_hparams(lr=g["lr"] if building else None, beta=g["beta"])
+            if not g["lr"] >= 0:
+                raise ValueError(f"lr must be >= 0 (a schedule may reach 0), got {g['lr']}")
             if g["lmo"] is not None and g["lmo"] not in LMOS:
                 raise ValueError(f"unknown LMO {g['lmo']!r} in a param group; choose one of "
                                  f"{sorted(LMOS)}")

@@ -289,6 +289,25 @@ def test_scheduler_and_beta_follow_the_param_groups():
     assert len(set(lrs)) == STEPS and lrs[0] == LR and opt.algorithm.beta == 0.5
 
 
+def test_a_schedule_may_reach_lr_0_but_not_below():
+    """CosineAnnealingLR ends at lr = 0: that step leaves the parameters where they are."""
+    X, y = make_data()
+    model = make_model()
+    opt = optim.Gluon(model.named_parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2)
+    batches = ShardBatches(X, y, BATCH, SEED)
+    for _ in range(2):
+        opt.step(closure_of(model), batches)
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    before = params_of(model)
+    opt.step(closure_of(model), batches)
+    assert equal(params_of(model), before) and opt.k == 3
+    opt.param_groups[0]["lr"] = -0.1
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        opt.step(closure_of(model), batches)
+
+
 # ---------------------------------------------------------------- resume
 
 def _run(name: str, steps: int, *, stop: int | None = None):
