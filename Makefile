@@ -34,7 +34,7 @@ TUNED_CNN = configs/tuned/fig2_cnn_cpu
 
 .PHONY: help install test test-slow bench bench-cnn gpu-check logreg fig2 fig2-logreg fig2-cnn fig2-plot \
         tune-fig2 tune-fig2-cnn \
-        fig3 fig4 fig5 fig6 fig7 fig8 sbatch-preview wandb-sync clean
+        fig3 fig4 fig5 fig6 fig7 fig8 cnn-gap sbatch-preview wandb-sync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -126,6 +126,23 @@ fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 2
 
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
+
+CNN_GAP = results/sweeps/cnn_gap
+cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
+	for m in gluon alg1 alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
+	$(PY) -m paper.select_tuned --sweep $(CNN_GAP)/tune --out configs/tuned/cnn_gap --metric loss \
+	  --table results/cnn_gap/tune_scores.csv
+	$(CNN_SWEEP) experiment=cnn_gap/panel
+	$(CNN_SWEEP) experiment=cnn_gap/panel tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
+	  max_grads=$$($(PY) -m paper.cnn_gap grads-cap --sweep $(CNN_GAP)/panel)   # EF21-Muon at Alg. 1's compute
+	$(CNN_SWEEP) experiment=cnn_gap/panel_old
+	$(CNN_SWEEP) experiment=cnn_gap/budget
+	$(CNN_SWEEP) experiment=cnn_gap/width32
+	$(CNN_SWEEP) experiment=cnn_gap/width64
+	for m in gluon alg1 alg2; do $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
+	  method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) || exit 1; done
+	$(PY) -m paper.cnn_gap aggregate
+	$(PY) -m paper.cnn_gap plot
 
 .PHONY: summarize
 summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/fig3

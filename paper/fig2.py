@@ -55,6 +55,8 @@ def label(method: str, settings: dict | None = None) -> str:
     cfg = (settings or {}).get("method", {})
     if cfg.get("scale_by_B") and method not in PAPER_1B:
         text += " [1/B trick: extension]"
+    if (settings or {}).get("max_grads"):
+        text += f", stopped at {settings['max_grads']:,.0f} gradients per worker (Alg. 1's)"
     return text
 
 
@@ -87,6 +89,8 @@ def aggregate(task: str, sweep: str | None = None) -> None:
                     "seeds": [r.config["seed"] for r in g],
                     "status": sorted(r.status for r in g),
                     "steps_cap": g[0].config.get("steps"),
+                    **({"max_grads": g[0].config["max_grads"]}
+                       if g[0].config.get("max_grads") else {}),
                     "budget": budget, "window": spec["window"],
                     "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
                     "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1),

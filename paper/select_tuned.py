@@ -35,9 +35,17 @@ def scored_range(group, budget: float) -> float:
 
 
 def select(runs, metric: str, budget: float):
-    """{method name: (score, config, runs)} of the best group per method, and all scores."""
+    """{method name: (score, config, runs)} of the best group per method, and all scores.
+
+    Only a method's candidates with the most seeds compete (a candidate whose second tuning
+    seed has not run yet is listed with its score but cannot be chosen)."""
     best, table = {}, []
-    for _, group in group_runs(runs).items():
+    groups = list(group_runs(runs).values())
+    most = {}
+    for group in groups:
+        name = group[0].config["method"]["name"]
+        most[name] = max(most.get(name, 0), len(group))
+    for group in groups:
         cfg = group[0].config
         name = cfg["method"]["name"]
         end = scored_range(group, budget)
@@ -46,10 +54,25 @@ def select(runs, metric: str, budget: float):
                       "compressor": cfg["compressor"]["name"],
                       **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
                       **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})
-        if name not in best or score < best[name][0]:
+        if len(group) == most[name] and (name not in best or score < best[name][0]):
             best[name] = (score, cfg, group)
     table.sort(key=lambda r: (r["method"], r["score"]))
     return best, table
+
+
+def grid_edges(table: list[dict], name: str, chosen: dict) -> list[str]:
+    """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
+    or the highest value tried (when the grid has more than one value there): a grid to extend,
+    unless the edge is a hard limit (beta < 1, q <= 1)."""
+    rows = [r for r in table if r["method"] == name]
+    out = []
+    for key, value in chosen.items():
+        values = sorted({r[key] for r in rows if isinstance(r.get(key), (int, float))
+                         and not isinstance(r.get(key), bool)})
+        if len(values) > 1 and value in (values[0], values[-1]):
+            out.append(f"{key}={value:g} ({'lowest' if value == values[0] else 'highest'} of "
+                       f"{', '.join(f'{v:g}' for v in values)})")
+    return out
 
 
 def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
@@ -87,7 +110,11 @@ def main(argv=None):
         crit = criterion if end == budget else CRITERION.format(metric=args.metric, budget=end) + \
             f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
         (out / f"{name}.yaml").write_text(tuned_yaml(cfg, score, crit, args.sweep))
-        print(f"{name:18s} score {score:8.4f}  method {cfg['method']}  compressor {cfg['compressor']}")
+        print(f"{name:18s} score {score:8.4f} over {len(group)} seed(s)  method {cfg['method']}  "
+              f"compressor {cfg['compressor']}")
+        chosen = {f"method.{k}": v for k, v in cfg["method"].items() if k != "name"}
+        for edge in grid_edges(table, name, chosen):
+            print(f"{'':18s} at the edge of its grid: {edge}")
     if args.table:
         write_csv(table, Path(args.table))
 

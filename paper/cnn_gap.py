@@ -1,0 +1,304 @@
+"""The CNN-gap study (docs/cnn_gap.md): why Figure 2's CNN panel measures a smaller reduction
+than the paper's "about 65%", one factor at a time.
+
+    python -m paper.cnn_gap aggregate            # results/sweeps/cnn_gap/* -> results/cnn_gap/
+    python -m paper.cnn_gap plot                 # results/cnn_gap/*.csv -> figures/cnn_gap.{png,pdf}
+    python -m paper.cnn_gap grads-cap            # Alg. 1's gradient evaluations at the budget
+    python -m paper.cnn_gap lr-check alg1        # the x0.5 and x2 learning rates of a method
+
+Every condition is measured with Figure 2's statistic (docs/statistics.md): the smoothed first
+hit of Gluon's final level, the reduction 1 - mean C_M / mean C_Gluon over the seeds the
+condition has for every method, with the paired t-interval and the percentile bootstrap.
+Conditions without finished runs are listed as missing, not dropped silently.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments.run.atomic import atomic_write_text
+from paper.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
+                              reduction_rows, run_curve, write_csv)
+
+SWEEPS = Path("results/sweeps/cnn_gap")
+OUT = Path("results/cnn_gap")
+FIG = Path("figures")
+TUNED = Path("configs/tuned/cnn_gap")
+METHODS = ("gluon", "alg1", "alg2")
+WINDOW = 25.0          # smoothing window, units of uplink (the panel's: 5% of 500)
+LEVELS_TOP = 2.0       # the reduction-vs-level curve runs from this loss down to Gluon's final level
+LEVEL_POINTS = 24
+PAPER_CLAIM = 0.65
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str          # the sweep folder under results/sweeps/cnn_gap/
+    factor: str        # what it changes against the reference (the tuned panel)
+    widths: str
+    settings: str      # "old" (configs/tuned/fig2_cnn_cpu) or "tuned" (configs/tuned/cnn_gap)
+
+
+CONDITIONS = (
+    Condition("panel_old", "settings: the committed panel's (lr tuned on one seed)", "16/64/64", "old"),
+    Condition("panel", "reference: re-tuned settings", "16/64/64", "tuned"),
+    Condition("budget", "budget: 2,000 units instead of 500", "16/64/64", "tuned"),
+    Condition("width32", "width: 32/128/128", "32/128/128", "tuned"),
+    Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned"),
+)
+
+
+def by_method(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs of a condition per method, on the seeds every method has (sorted)."""
+    groups: dict[str, list[Run]] = {}
+    for g in group_runs(runs).values():
+        name = g[0].config["method"]["name"]
+        if name in groups:
+            raise SystemExit(f"two different {name} settings in {g[0].path.parent.parent}: "
+                             "remove the stale runs")
+        groups[name] = g
+    seeds = sorted(set.intersection(*({r.config["seed"] for r in g} for g in groups.values())))
+    return {m: sorted((r for r in g if r.config["seed"] in seeds), key=lambda r: r.config["seed"])
+            for m, g in groups.items()}
+
+
+def condition_rows(cond: Condition, groups: dict[str, list[Run]]) -> tuple[list[dict], list[dict]]:
+    """(decomposition rows at Gluon's final level, reduction-vs-level rows) of one condition."""
+    budget = float(groups["gluon"][0].config["max_comm"])
+    final = final_level(groups["gluon"], "loss", budget, WINDOW)
+    levels = list(np.geomspace(LEVELS_TOP, final, LEVEL_POINTS)) if final < LEVELS_TOP else []
+    rows = reduction_rows(groups, "loss", eps_list=levels, baselines=["gluon"], budget=budget,
+                          width=WINDOW, task=cond.name)
+    seeds = [r.config["seed"] for r in groups["gluon"]]
+    common = {"condition": cond.name, "factor": cond.factor, "widths": cond.widths,
+              "settings": cond.settings, "budget": budget, "seeds": len(seeds),
+              "seed_list": " ".join(map(str, seeds)), "gluon_final_level": final}
+    decomposition, curve = [], []
+    for r in rows:
+        if r["method"] == "gluon":
+            continue
+        row = {**common, "method": r["method"], "metric": r["metric"], "loss_level": r["eps"],
+               "comm": r["comm"], "gluon_comm": r["baseline_comm"],
+               "seeds_reached": r["seeds_reached"], "reduction": r["reduction"],
+               "t_low": r["t_low"], "t_high": r["t_high"],
+               "boot_low": r["ci_low"], "boot_high": r["ci_high"]}
+        (decomposition if r["level"] == "baseline_final" else curve).append(row)
+    return decomposition, curve
+
+
+def budget_check(groups: dict[str, list[Run]]) -> dict:
+    """Gluon's smoothed loss: how much it falls over the last fifth of the budget (mean over
+    seeds), and the first budget c (on a 10-unit grid) at which it fell less than 2% over
+    [0.8 c, c] in every seed: the stopping rule of the study's budget factor."""
+    runs = groups["gluon"]
+    budget = float(runs[0].config["max_comm"])
+
+    def drop(c: float) -> np.ndarray:
+        out = []
+        for r in runs:
+            comm, sm = run_curve(r, "loss", WINDOW)
+            at = lambda x: sm[np.searchsorted(comm, x, side="right") - 1]
+            out.append(1 - at(c) / at(0.8 * c))
+        return np.array(out)
+
+    first = next((c for c in np.arange(100.0, budget + 1, 10.0) if np.all(drop(c) < 0.02)), math.nan)
+    return {"budget": budget, "drop_last_fifth": float(drop(budget).mean()),
+            "drop_last_fifth_max": float(drop(budget).max()), "first_budget_below_2pct": first}
+
+
+def same_prefix(short: list[Run], long: list[Run], upto: float) -> bool:
+    """Whether the runs to a longer budget log the same rows as the shorter runs up to ``upto``
+    (same config but the budget: the trajectories must agree step for step)."""
+    pairs = {(r.config["method"]["name"], r.config["seed"]): r for r in short}
+    checked = 0
+    for r in long:
+        s = pairs.get((r.config["method"]["name"], r.config["seed"]))
+        if s is None:
+            continue
+        a = [(x["step"], x["loss"]) for x in s.rows if x["comm"] < upto]
+        b = [(x["step"], x["loss"]) for x in r.rows if x["comm"] < upto]
+        if a != b:
+            return False
+        checked += 1
+    return checked > 0
+
+
+def lr_transfer() -> list[dict]:
+    """At the paper's width, seed 0: the tuning criterion (area under log loss, lower is better)
+    at the transferred lr and at x0.5 and x2."""
+    runs = load_runs(SWEEPS / "width64_lr") + [r for r in load_runs(SWEEPS / "width64")
+                                                if r.config["seed"] == 0]
+    out = []
+    for m in METHODS:
+        base = tuned_lr(m)
+        for r in runs:
+            if r.config["method"]["name"] != m:
+                continue
+            lr = r.config["method"]["lr"]
+            out.append({"method": m, "lr": lr, "times": round(lr / base, 3), "seed": r.config["seed"],
+                        "score": log_area([r], "loss", float(r.config["max_comm"])),
+                        "final_loss": r.rows[-1]["loss"]})
+    return sorted(out, key=lambda r: (r["method"], r["lr"]))
+
+
+def tuned_lr(method: str) -> float:
+    return float(OmegaConf.load(TUNED / f"{method}.yaml").method.lr)
+
+
+def aggregate() -> None:
+    decomposition, curve, missing = [], [], []
+    loaded = {}
+    for cond in CONDITIONS:
+        runs = load_runs(SWEEPS / cond.name)
+        groups = by_method(runs) if runs else {}
+        if not all(m in groups and groups[m] for m in METHODS):
+            missing.append(cond.name)
+            continue
+        loaded[cond.name] = groups
+        d, c = condition_rows(cond, groups)
+        decomposition += d
+        curve += c
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_csv(decomposition, OUT / "decomposition.csv")
+    write_csv(curve, OUT / "levels.csv")
+    notes = []
+    if "budget" in loaded:
+        check = budget_check(loaded["budget"])
+        write_csv([check], OUT / "budget_check.csv")
+        notes.append(f"budget: Gluon's smoothed loss falls {100 * check['drop_last_fifth']:.1f}% "
+                     f"over the last fifth of {check['budget']:g} units; first below 2% at "
+                     f"{check['first_budget_below_2pct']:g}")
+        if "panel" in loaded:
+            ok = same_prefix(sum(loaded["panel"].values(), []), sum(loaded["budget"].values(), []),
+                             float(loaded["panel"]["gluon"][0].config["max_comm"]))
+            notes.append(f"budget runs repeat the panel's rows up to its budget: {ok}")
+            if not ok:
+                raise SystemExit("the budget runs do not repeat the panel's runs up to 500 units")
+    if (SWEEPS / "width64_lr").exists() and TUNED.exists():
+        write_csv(lr_transfer(), OUT / "lr_transfer.csv")
+    if missing:
+        notes.append(f"conditions without finished runs for every method: {', '.join(missing)}")
+    atomic_write_text(OUT / "decomposition.md", markdown(decomposition) + "\n"
+                      + "".join(f"- {n}\n" for n in notes))
+    print((OUT / "decomposition.md").read_text())
+
+
+def _pct(x) -> str:
+    return "-" if x in ("", None) or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| condition | widths | budget | settings | seeds | Gluon's final level | method | "
+             "uplink to reach it | Gluon's | reduction | 95% t-interval | 95% bootstrap | "
+             "~65% inside (t)? |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["metric"] != "smoothed_first_hit":
+            continue
+        red = r["reduction"]
+        reached = not (isinstance(red, float) and math.isnan(red)) and red != ""
+        inside = "-" if not reached else ("yes" if r["t_low"] <= PAPER_CLAIM <= r["t_high"] else
+                                          "no (above)" if r["t_low"] > PAPER_CLAIM else "no (below)")
+        comm = f"{r['comm']:.0f}" if reached else f"not reached ({r['seeds_reached']}/{r['seeds']})"
+        lines.append(
+            f"| {r['factor']} | {r['widths']} | {r['budget']:g} | {r['settings']} | {r['seeds']} | "
+            f"{r['gluon_final_level']:.3f} | {r['method']} | {comm} | {r['gluon_comm']:.0f} | "
+            f"{_pct(red)} | [{_pct(r['t_low'])}, {_pct(r['t_high'])}] | "
+            f"[{_pct(r['boot_low'])}, {_pct(r['boot_high'])}] | {inside} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: Path = FIG) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = [r for r in read_csv(OUT / "levels.csv") if r["metric"] == "smoothed_first_hit"] \
+        if (OUT / "levels.csv").exists() else []
+    dec = [r for r in read_csv(OUT / "decomposition.csv") if r["metric"] == "smoothed_first_hit"] \
+        if (OUT / "decomposition.csv").exists() else []
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
+    styles = {"alg1": ("C3", "Alg. 1 (RandK 1%)"), "alg2": ("C4", "Alg. 2 (TopK 1%, EF)")}
+    dashes = {"panel_old": ":", "panel": "--", "budget": "-", "width32": "-.", "width64": (0, (5, 1))}
+    for cond in CONDITIONS:
+        for m, (color, name) in styles.items():
+            rs = sorted((r for r in curve if r["condition"] == cond.name and r["method"] == m
+                         and not math.isnan(r["reduction"])), key=lambda r: -r["loss_level"])
+            if not rs:
+                continue
+            x = [r["loss_level"] for r in rs]
+            ax.plot(x, [100 * r["reduction"] for r in rs], linestyle=dashes[cond.name], color=color,
+                    lw=1.5, label=f"{name}: {cond.factor.split(':')[0]}")
+            if cond.name == "budget":
+                ax.fill_between(x, [100 * r["t_low"] for r in rs], [100 * r["t_high"] for r in rs],
+                                color=color, alpha=0.18, lw=0)
+    ax.axhline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
+    ax.text(0.99, 100 * PAPER_CLAIM + 1, "paper: about 65%", ha="right", fontsize=8,
+            transform=ax.get_yaxis_transform())
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.set_xlabel("target level: smoothed training loss (lower: later in training)")
+    ax.set_ylabel("uplink reduction against Gluon (%)")
+    ax.set_title("Reduction vs target level (band: 95% t-interval, budget 2,000 runs)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    labels = []
+    for i, r in enumerate(dec):
+        color, _ = styles[r["method"]]
+        y = len(dec) - i
+        if not math.isnan(r["reduction"]):
+            bx.errorbar(100 * r["reduction"], y, xerr=[[100 * (r["reduction"] - r["t_low"])],
+                                                       [100 * (r["t_high"] - r["reduction"])]],
+                        fmt="o", color=color, capsize=3)
+        labels.append((y, f"{r['factor'].split(':')[0]} ({r['widths']}, {r['budget']:g}, "
+                          f"{int(r['seeds'])} seeds) {r['method']}"))
+    bx.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=7)
+    bx.axvline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
+    bx.set_xlabel("reduction at Gluon's final level (%), 95% t-interval")
+    bx.set_title("One factor at a time", fontsize=10)
+    bx.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"cnn_gap.{ext}", dpi=150,
+                    metadata={"CreationDate": None} if ext == "pdf" else {"Software": None})
+    print(f"wrote {out / 'cnn_gap.png'}")
+
+
+def grads_cap(sweep: Path, method: str = "alg1") -> int:
+    """Mean over seeds of ``method``'s gradient evaluations per worker at the end of its runs
+    (the budget): EF21-Muon's compute cap, so the two compare at equal compute and uplink."""
+    runs = [r for r in load_runs(sweep) if r.config["method"]["name"] == method]
+    if not runs or any("grads" not in r.rows[-1] for r in runs):
+        raise SystemExit(f"no finished {method} runs with a gradient count under {sweep}")
+    return int(round(np.mean([r.rows[-1]["grads"] for r in runs])))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("aggregate")
+    sub.add_parser("plot")
+    g = sub.add_parser("grads-cap")
+    g.add_argument("--sweep", default=str(SWEEPS / "panel"))
+    g.add_argument("--method", default="alg1")
+    lr = sub.add_parser("lr-check")
+    lr.add_argument("method", choices=METHODS)
+    args = ap.parse_args(argv)
+    if args.cmd == "aggregate":
+        aggregate()
+    elif args.cmd == "plot":
+        plot()
+    elif args.cmd == "grads-cap":
+        print(grads_cap(Path(args.sweep), args.method))
+    else:
+        base = tuned_lr(args.method)
+        print(f"{base / 2:g},{base * 2:g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The CNN-gap study's aggregation (paper/cnn_gap.py) on synthetic run folders with known answers."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from paper import cnn_gap
+
+
+def write_run(root, cond, method, seed, comm, loss, *, grads=None, budget=500.0, lr=0.01):
+    d = root / cond / method / f"seed={seed}"
+    d.mkdir(parents=True)
+    config = {"method": {"name": method, "lr": lr}, "compressor": {"name": "randk"},
+              "seed": seed, "max_comm": budget, "steps": 10**6}
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config, "wall_time": 1.0}))
+    rows = [{"step": i, "comm": float(c), "bytes": 0.0, "loss": float(v),
+             **({"grads": float(grads[i])} if grads is not None else {})}
+            for i, (c, v) in enumerate(zip(comm, loss))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def gluon_loss(c):
+    return 0.8 + 1.5 * np.exp(-np.asarray(c) / 150.0)
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    """A 'panel' condition in which Alg. 1 reaches every loss at 0.6x Gluon's uplink and Alg. 2
+    at 0.5x (so reductions of 40% and 50% at every level), with per-seed jitter."""
+    monkeypatch.setattr(cnn_gap, "SWEEPS", tmp_path / "sweeps")
+    monkeypatch.setattr(cnn_gap, "OUT", tmp_path / "out")
+    comm = np.arange(0, 501, 2.0)
+    for seed in range(5):
+        jitter = 1 + 0.02 * (seed - 2)
+        write_run(cnn_gap.SWEEPS, "panel", "gluon", seed, comm, gluon_loss(comm * jitter))
+        write_run(cnn_gap.SWEEPS, "panel", "alg1", seed, comm, gluon_loss(comm / 0.6 * jitter),
+                  grads=comm * 20 + seed)
+        write_run(cnn_gap.SWEEPS, "panel", "alg2", seed, comm, gluon_loss(comm / 0.5 * jitter))
+    return tmp_path
+
+
+def test_the_decomposition_measures_a_known_reduction_at_gluons_final_level(study):
+    cnn_gap.aggregate()
+    rows = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+            if r["metric"] == "raw_first_hit"]
+    got = {r["method"]: r for r in rows}
+    assert set(got) == {"alg1", "alg2"}
+    # raw first hits on a 2-unit grid of a curve compressed 0.6x / 0.5x in uplink
+    assert got["alg1"]["reduction"] == pytest.approx(0.4, abs=0.01)
+    assert got["alg2"]["reduction"] == pytest.approx(0.5, abs=0.01)
+    for r in got.values():
+        assert r["t_low"] <= r["reduction"] <= r["t_high"]
+        assert r["seeds"] == 5 and r["condition"] == "panel"
+    md = (cnn_gap.OUT / "decomposition.md").read_text()
+    assert "panel_old" in md and "without finished runs" in md      # missing conditions are named
+    cnn_gap.plot(out=study / "fig")
+    assert (study / "fig" / "cnn_gap.png").stat().st_size > 10_000
+
+
+def test_the_reduction_vs_level_curve_is_flat_when_one_method_is_the_other_sped_up(study):
+    cnn_gap.aggregate()
+    curve = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "levels.csv")
+             if r["metric"] == "raw_first_hit" and r["method"] == "alg1"]
+    assert len(curve) == cnn_gap.LEVEL_POINTS
+    red = np.array([r["reduction"] for r in curve])
+    assert np.all(np.abs(red - 0.4) < 0.03)
+    assert curve[0]["loss_level"] == pytest.approx(cnn_gap.LEVELS_TOP)
+
+
+def test_ef21_muons_compute_cap_is_alg1s_mean_gradient_count_at_the_budget(study):
+    # Alg. 1's last rows hold grads = 500 * 20 + seed for seeds 0..4: mean 10002
+    assert cnn_gap.grads_cap(cnn_gap.SWEEPS / "panel") == 10002
+
+
+def test_runs_to_a_longer_budget_must_repeat_the_shorter_runs(study):
+    comm = np.arange(0, 2001, 2.0)
+    for seed in range(5):
+        jitter = 1 + 0.02 * (seed - 2)
+        for m, f in (("gluon", 1.0), ("alg1", 0.6), ("alg2", 0.5)):
+            write_run(cnn_gap.SWEEPS, "budget", m, seed, comm, gluon_loss(comm / f * jitter),
+                      budget=2000.0)
+    cnn_gap.aggregate()                      # same prefix: accepted
+    check = cnn_gap.read_csv(cnn_gap.OUT / "budget_check.csv")[0]
+    # Gluon's curve is flat to < 2% over [0.8c, c] from some c on: found, and within the budget
+    assert 100 <= check["first_budget_below_2pct"] <= 2000
+    short = cnn_gap.load_runs(cnn_gap.SWEEPS / "panel")
+    long_ = cnn_gap.load_runs(cnn_gap.SWEEPS / "budget")
+    assert cnn_gap.same_prefix(short, long_, 500.0)
+    path = cnn_gap.SWEEPS / "budget" / "alg1" / "seed=3" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[10]["loss"] *= 1.0001
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match="do not repeat"):
+        cnn_gap.aggregate()
