@@ -59,6 +59,10 @@ bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where 
 bench-cnn: $(STAMP)  ## CNN step time on CPU (CPU profile, Fig. 2 panel methods): where it goes, results/bench/cnn.md
 	$(PY) -m scripts.bench_cnn --out results/bench/cnn.md
 
+.PHONY: bench-optim
+bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
+	$(PY) -m scripts.bench_optim --out results/bench/optim.md
+
 gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
 	$(PY) -m scripts.gpu_check
 
