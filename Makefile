@@ -42,7 +42,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[experiments,test]'
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the project with its pinned dependencies
@@ -56,8 +56,9 @@ test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m scripts.bench_logreg
 
-bench-cnn: $(STAMP)  ## CNN step time on CPU (CPU profile, Fig. 2 panel methods): where it goes, results/bench/cnn.md
+bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths (cnn_paths.md)
 	$(PY) -m scripts.bench_cnn --out results/bench/cnn.md
+	$(PY) -m scripts.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
 
 .PHONY: bench-optim
 bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md

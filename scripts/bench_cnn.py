@@ -78,7 +78,8 @@ SETTINGS = {
 }
 
 
-def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_WIDTHS):
+def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_WIDTHS,
+           amp_cpu: bool = False):
     base = OmegaConf.load(REPO / "configs/cnn.yaml")
     task = OmegaConf.load(REPO / "configs/task/cifar10.yaml")
     comp, takes = SETTINGS[method]
@@ -89,7 +90,7 @@ def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_W
         "log_every": steps, "eval_every": steps, "device": "cpu", "data_dir": None,
         "results_dir": "results", "threads": threads,
         "task": {**OmegaConf.to_container(task), "widths": list(widths), "eval_train": 64,
-                 "eval_test": 64, "source": "auto"},
+                 "eval_test": 64, "source": "auto", "amp_cpu": amp_cpu},
         "method": m, "compressor": dict(comp)})
 
 
@@ -102,8 +103,8 @@ def random_data(n_train=4096, n_test=256, seed=0) -> Cifar:
                  "random", "random uint8 images")
 
 
-def bench(method_name: str, args) -> dict:
-    cfg = config(method_name, args.steps, args.threads, args.q, args.B, args.widths)
+def bench(method_name: str, args, amp_cpu: bool = False) -> dict:
+    cfg = config(method_name, args.steps, args.threads, args.q, args.B, args.widths, amp_cpu)
     torch.set_num_threads(args.threads)
     compressor = validate(cfg)
     built = build(cfg, compressor, data=None if args.real else random_data())
@@ -193,6 +194,29 @@ def machine_line(args, n_params: int | None) -> str:
             f"torch {torch.__version__}")
 
 
+PATH_WIDTHS = ([16, 64, 64], [64, 256, 256])
+
+
+def compare_paths(args) -> str:
+    """CPU ms per step of each method on the reference path (fp32) and on the fast path
+    (``task.amp_cpu``: bf16 autocast for gradients and evaluation, Delta in fp32), at the CPU
+    profile's widths and at the paper's. The two paths alternate per width so that a change in
+    the machine's load hits both."""
+    lines = ["| widths | method | reference ms/step (CPU) | fast ms/step (CPU) | speed-up | "
+             "gradients' share (reference) |", "|---|---|---:|---:|---:|---:|"]
+    for widths in PATH_WIDTHS:
+        sub = argparse.Namespace(**{**vars(args), "widths": widths,
+                                    "steps": args.path_steps or (60 if widths == CPU_WIDTHS else 12)})
+        for name in args.methods:
+            ref, fast = bench(name, sub, amp_cpu=False), bench(name, sub, amp_cpu=True)
+            share = ref["parts_cpu"]["gradients (fwd+bwd)"] / ref["cpu"]
+            lines.append(f"| {'/'.join(map(str, widths))} | {name} | {1e3 * ref['cpu']:.1f} | "
+                         f"{1e3 * fast['cpu']:.1f} | {ref['cpu'] / fast['cpu']:.2f}x | "
+                         f"{100 * share:.0f}% |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=PANEL, choices=list(SETTINGS))
@@ -205,7 +229,22 @@ def main(argv=None):
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--real", action="store_true", help="use CIFAR-10 instead of random images")
     p.add_argument("--out", default="results/bench/cnn.md", help="the markdown table ('' : none)")
+    p.add_argument("--paths", action="store_true",
+                   help="instead: reference vs fast path (task.amp_cpu), ms per step at both widths")
+    p.add_argument("--path-steps", type=int, default=0, help="steps per path (0: 60 / 12 by width)")
     args = p.parse_args(argv)
+    if args.paths:
+        load = ", load %.1f/%.1f/%.1f" % os.getloadavg()
+        text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU for "
+                f"gradients and evaluation; Delta stays fp32), n = 4, batch 16, q = {args.q}, "
+                f"B = {args.B}, RandK/TopK 1%, {args.threads} thread(s), random uint8 images; "
+                f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores{load}, "
+                f"torch {torch.__version__}\n\n" + compare_paths(args))
+        print(text)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        return
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94 widths "
           f"{args.widths}, n = 4, batch 16, q = {args.q}, B = {args.B}, density 1%\n")
     results, details = [], []

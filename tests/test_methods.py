@@ -1055,3 +1055,19 @@ def test_a_compute_budget_stops_a_run_at_the_first_step_that_reaches_it():
     assert status == "ok" and m.k == 17
     assert rows[-1]["step"] == 17 and rows[-1]["grads"] == 17.0
     assert [r["grads"] for r in rows] == [r["step"] for r in rows]
+
+
+def test_ef21_muon_with_the_identity_compressor_equals_gluon_step_for_step():
+    """Uncompressed, EF21-Muon's server estimate G = mean_tau G_tau is the mean of the local
+    momenta M_tau <- beta M_tau + (1 - beta) g_tau, which is Gluon's M <- beta M + (1 - beta)
+    mean g: the same iterates (float64; only the summation order differs). Pins which of
+    beta and 1 - beta weights the old momentum."""
+    problem = make_problem(dtype=torch.float64)
+    ef21 = build("ef21_muon", Identity(), problem=problem, beta=0.7, lr=0.03)
+    gluon = build("gluon", Identity(), problem=problem, beta=0.7, lr=0.03)
+    for _ in range(25):
+        ef21.step()
+        gluon.step()
+        for a, b in zip(ef21.params, gluon.params):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    assert not torch.allclose(ef21.params[0], problem[1][0])        # the iterates moved

@@ -148,6 +148,7 @@ class CifarTask:
     eval_test: Optional[int] = None
     channels_last: bool = True
     amp: bool = True
+    amp_cpu: bool = False
     max_chunk: int = 1024
 
 

@@ -255,7 +255,7 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
     channels_last = bool(t.channels_last)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    amp = bool(t.amp) and device.type == "cuda"
+    amp = bool(t.amp) and (device.type == "cuda" or bool(t.get("amp_cpu")))
 
     comm = world.comm(cfg.n_workers, cfg.seed) if world is not None else None
     ranks = comm.local_workers if comm is not None else range(cfg.n_workers)
