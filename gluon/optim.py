@@ -138,10 +138,6 @@ class ClosureOracle(Oracle):
         _set_rng_state(after)
         return [a - b for a, b in zip(now, before)]
 
-    def loss(self, params, batch) -> float:
-        with torch.no_grad(), _parameters_at(self.params, params):
-            return float(self.closure(batch))
-
     # --- helpers
     def _next(self):
         try:
@@ -405,11 +401,10 @@ class GluonOptimizer(torch.optim.Optimizer):
         if lmo_rules and not any("param_names" in g for g in self.param_groups):
             raise ValueError("lmo_rules match parameter names: pass model.named_parameters()")
         rules = []
-        for g in self.param_groups:
+        for gi, g in enumerate(self.param_groups):
             if g["lmo"] is None:
                 continue
-            names = g.get("param_names") or [f"{self.param_groups.index(g)}.{i}"
-                                              for i in range(len(g["params"]))]
+            names = g.get("param_names") or [f"{gi}.{i}" for i in range(len(g["params"]))]
             scale = 1.0 if g["lmo_scale"] is None else float(g["lmo_scale"])
             rules += [(f"^{re.escape(n)}$", g["lmo"], scale) for n, p in zip(names, g["params"])
                       if p.requires_grad]

@@ -20,6 +20,7 @@ from torch import nn
 import gluon
 from gluon import InProcessComm, ModuleOracle, RandK, TopK, assign_lmos, optim
 
+torch.set_num_threads(1)
 SEED, STEPS, LR, BETA, Q, B, BATCH = 3, 14, 0.05, 0.9, 0.3, 3, 8
 
 # optimiser class, its method name, its settings (q and B where it takes them)
@@ -234,6 +235,9 @@ def test_default_lmos_are_scions_rule_and_frozen_parameters_stay():
     assert [type(b.lmo).__name__ for b in opt.blocks] == \
         ["Spectral", "RMS", "Spectral", "RMS", "Sign", "RMS"]
     assert opt.blocks[4].scale == 16.0
+    unnamed = optim.Gluon(model.parameters(), lr=LR)              # by shape and order alone
+    assert [(type(b.lmo), b.scale) for b in unnamed.blocks] == \
+        [(type(b.lmo), b.scale) for b in ref]
     X, y = make_data()
     batches = ShardBatches(X, y, BATCH, SEED)
     for _ in range(3):
@@ -264,6 +268,11 @@ def test_group_lr_and_lmo_override_give_the_lmo_step_exactly():
     for p, x0, g, blk, lr in zip(order, before, grads, opt.blocks, lrs):
         assert torch.equal(p, x0.add(blk.lmo(g), alpha=lr * blk.scale)), blk.name
     assert {id(p) for p in order} == {id(p) for p in trainable}
+    unnamed = optim.Gluon([{"params": [p for _, p in body]},        # without names: the same
+                           {"params": list(head.values()), "lmo": "euclidean", "lmo_scale": 2.0}],
+                          lr=a)
+    assert [(type(x.lmo), x.scale) for x in unnamed.blocks] == \
+        [(type(x.lmo), x.scale) for x in opt.blocks]
 
 
 def test_scheduler_and_beta_follow_the_param_groups():
