@@ -137,6 +137,14 @@ class Method:
         return self.comm.average([self.send(DENSE, w, self.large_batch_grad(w))
                                   for w in self.workers])
 
+    def advance(self, g, y=None) -> list[Tensor]:
+        """The end of every iteration of Alg. 1-4: keep g^k, draw the shared coin u^{k+1}, and
+        return the direction M^k (from g^k, and y^k for the MVR variants)."""
+        self.g = g
+        self.u = self.comm.coin(self.q)   # u^{k+1}
+        self.M = self.momentum(g, y)
+        return self.M
+
     def momentum(self, g, y=None) -> list[Tensor]:
         """M^k = beta M^{k-1} + (1-beta) g^k (+ beta y^k for MVR); M^0 = g^0."""
         if self.M is None:
@@ -186,10 +194,7 @@ class Alg1(Method):
             y = self.comm.average([self.send(self.compressor, w, self.delta(w))
                                    for w in self.workers])
             g = [a + b for a, b in zip(self.g, y)]
-        self.g = g
-        self.u = self.comm.coin(self.q)   # u^{k+1}
-        self.M = self.momentum(g)
-        return self.M
+        return self.advance(g)
 
 
 class Alg2(Method):
@@ -205,10 +210,7 @@ class Alg2(Method):
         else:
             y = self.comm.average([self.send_with_error_feedback(w) for w in self.workers])
             g = [a + b for a, b in zip(self.g, y)]
-        self.g = g
-        self.u = self.comm.coin(self.q)
-        self.M = self.momentum(g)
-        return self.M
+        return self.advance(g)
 
 
 class Alg3(Method):
@@ -219,10 +221,7 @@ class Alg3(Method):
     def _direction(self):
         y = self.comm.average([self.send(self.compressor, w, self.delta(w)) for w in self.workers])
         g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
-        self.g = g
-        self.u = self.comm.coin(self.q)
-        self.M = self.momentum(g, y)
-        return self.M
+        return self.advance(g, y)
 
 
 class Alg4(Method):
@@ -246,10 +245,7 @@ class Alg4(Method):
                 msgs.append(self.send_with_error_feedback(w))
         y = self.comm.average(msgs)
         g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
-        self.g = g
-        self.u = self.comm.coin(self.q)
-        self.M = self.momentum(g, y)
-        return self.M
+        return self.advance(g, y)
 
 
 def _add_error(delta, e):
