@@ -64,7 +64,7 @@ def model_of(widths, batch: int) -> Airbench94:
 def run_ddp(args, rank: int) -> dict:
     model = model_of(args.widths, args.batch)
     ddp = DistributedDataParallel(model)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     clock, data = Clock(), batches(rank, args.batch)
 
     def fwd_bwd(x, y):
