@@ -25,12 +25,13 @@ order (a last-bit difference; ``dense="all_gather"`` makes those bit-identical t
 the downlink).
 
 Accounting. Each process records its own message in its ledger exactly as InProcessComm records
-it (same cost, same bytes, one message per call); :meth:`TorchDistComm.global_ledger` all-reduces
-the per-worker entries into the ledger the simulation would hold. Independently, the backend
-counts ``sent_bytes``: the nbytes of the tensors this rank contributes to the message
-collectives, which a test compares with the ledger's library accounting. The shared coin's
-broadcast (one byte, downlink-like, not counted by the cost model) is counted apart in
-``coin_bytes``.
+it (same cost, same bytes, the same traffic both ways from :func:`gluon.comm.traffic`, one
+message per call); :meth:`TorchDistComm.global_ledger` all-reduces the per-worker entries into
+the ledger the simulation would hold. Independently, the backend counts ``sent_bytes``: the
+nbytes of the tensors this rank contributes to the message collectives, which a test compares
+with the ledger's library accounting (and tests/test_wire.py compares the ledger's up/down
+traffic with the bytes the process writes to its sockets). The shared coin's broadcast (one
+byte, not counted in the bytes; one latency hop in ``hops``) is counted apart in ``coin_bytes``.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .comm import Comm, Ledger, Message
+from .comm import TRAFFIC, Comm, Ledger, Message
 from .compressors import Identity, Packet, message_seed
 
 
@@ -54,8 +55,8 @@ class RankLedger(Ledger):
     :meth:`TorchDistComm.global_ledger`.
     """
 
-    def __init__(self, n_workers: int, rank: int):
-        super().__init__(n_workers)
+    def __init__(self, n_workers: int, rank: int, dense: str = "all_reduce"):
+        super().__init__(n_workers, dense=dense)
         self.rank = rank
 
     @property
@@ -65,6 +66,9 @@ class RankLedger(Ledger):
     @property
     def bytes(self) -> float:
         return float(self.bytes_per_worker[self.rank])
+
+    def _mean(self, key: str) -> float:
+        return self.traffic_per_worker[key][self.rank]
 
 
 class TorchDistComm(Comm):
@@ -90,7 +94,7 @@ class TorchDistComm(Comm):
         self.rank = dist.get_rank(group)
         self.n_workers = dist.get_world_size(group)
         self.local_workers = [self.rank]
-        self.ledger = RankLedger(self.n_workers, self.rank)
+        self.ledger = RankLedger(self.n_workers, self.rank, dense)
         self.dense = dense
         self.backend = dist.get_backend(group)
         if device is None:
@@ -122,6 +126,7 @@ class TorchDistComm(Comm):
         # Every rank advances its stream identically (so checkpoints do not depend on the rank);
         # rank 0's draw is the one everybody uses.
         draw = self._coin_rng.random() < q
+        self.ledger.record_coin([self.rank])
         bit = torch.tensor([int(draw)], dtype=torch.uint8, device=self.device)
         dist.broadcast(bit, src=self._src, group=self.group)
         self.coin_bytes += bit.numel() * bit.element_size() if self.rank == 0 else 0
@@ -151,11 +156,15 @@ class TorchDistComm(Comm):
         cost = torch.tensor(self.ledger.cost_per_worker, dtype=torch.float64, device=dev)
         nbytes = torch.tensor(self.ledger.bytes_per_worker + [self.ledger.messages],
                               dtype=torch.int64, device=dev)
+        moved = torch.tensor([self.ledger.traffic_per_worker[k] for k in TRAFFIC],
+                             dtype=torch.float64, device=dev)
         dist.all_reduce(cost, group=self.group)
         dist.all_reduce(nbytes, group=self.group)
-        out = Ledger(self.n_workers)
+        dist.all_reduce(moved, group=self.group)     # x + 0 + ... + 0: exact
+        out = Ledger(self.n_workers, dense=self.dense)
         out.load_state_dict({"cost": cost.tolist(), "bytes": nbytes[:-1].tolist(),
-                             "messages": int(nbytes[-1])})
+                             "messages": int(nbytes[-1]),
+                             **dict(zip(TRAFFIC, moved.tolist()))})
         return out
 
     def measured_bytes(self) -> list[int]:

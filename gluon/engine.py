@@ -62,7 +62,8 @@ def train(method: Method, steps: int, *, log_every: int | None,
     its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget), or
     until each worker has made ``max_grads`` gradient evaluations (a compute budget).
 
-    Logs a row {step, comm, bytes, grads, **evaluate(method)} at step 0, at the end, every
+    Logs a row {step, comm, bytes, grads, up_bytes, down_bytes, star_down_bytes, rounds, hops,
+    compute_s, **evaluate(method)} (the costs: docs/cost.md) at step 0, at the end, every
     ``log_every`` steps (0 or None: never by step count) and, with ``log_comm``, at the first
     step whose uplink crosses each multiple of ``log_comm`` (rows aligned on communication, so
     every method is looked at equally often per unit of uplink, however much its steps cost).
@@ -75,8 +76,10 @@ def train(method: Method, steps: int, *, log_every: int | None,
     if log_comm is not None and not log_comm > 0:
         raise ValueError(f"log_comm must be > 0, got {log_comm}")
     def log() -> bool:
-        row = {"step": method.k, "comm": method.comm.ledger.cost,
-               "bytes": method.comm.ledger.bytes, "grads": gradients_per_worker(method)}
+        led = method.comm.ledger
+        row = {"step": method.k, "comm": led.cost, "bytes": led.bytes,
+               "grads": gradients_per_worker(method), **led.totals(),
+               "compute_s": method.compute_s}
         finite = is_finite(method.params)
         if finite:
             row.update(evaluate(method))

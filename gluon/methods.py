@@ -11,6 +11,7 @@ the error-feedback memory. ``self.u`` holds u^k during step k; u^{k+1} is drawn 
 """
 from __future__ import annotations
 
+import time
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -82,15 +83,30 @@ class Method:
         self.prev = [p.detach().clone() for p in self.params]  # X^{-1} := X^0
         self.g: list[Tensor] | None = None
         self.M: list[Tensor] | None = None
+        # measured compute per worker (s), cumulative: see step(); not part of the algorithm
+        self.compute_s = 0.0
+        self._cuda = any(p.is_cuda for p in self.params)
 
     # --- one iteration
     @torch.no_grad()
     def step(self) -> None:
+        """One iteration. Adds its compute time to ``compute_s`` (docs/cost.md): the process's
+        CPU seconds inside the step (gradients, compression, decoding and averaging, the LMO
+        step; waiting in a collective costs no CPU), divided by the number of workers this
+        process hosts; on CUDA the wall time between two synchronisations instead."""
+        t0 = self._clock()
         direction = self._direction()
         current = [p.detach().clone() for p in self.params]
         self.update(self.params, direction, self.lr)
         self.prev = current
         self.k += 1
+        self.compute_s += (self._clock() - t0) / len(self.workers)
+
+    def _clock(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+            return time.perf_counter()
+        return time.process_time()
 
     def _direction(self) -> list[Tensor]:
         raise NotImplementedError
@@ -160,7 +176,7 @@ class Method:
         return {"k": self.k, "u": self.u, "params": clone(self.params), "prev": clone(self.prev),
                 "g": clone(self.g), "M": clone(self.M), "extra": self._extra_state(),
                 "workers": [w.state_dict() for w in self.workers],
-                "comm": self.comm.state_dict()}
+                "comm": self.comm.state_dict(), "compute_s": self.compute_s}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.u = s["k"], s["u"]
@@ -172,6 +188,7 @@ class Method:
         for w, ws in zip(self.workers, s["workers"]):
             w.load_state_dict(ws)
         self.comm.load_state_dict(s["comm"])
+        self.compute_s = s.get("compute_s", 0.0)     # a measurement, not the algorithm's state
 
     def _extra_state(self):
         return {}

@@ -1,6 +1,7 @@
 """What every test module shares: composing an entry point's hydra config without running it."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,22 @@ def results_with_cache(tmp_path_factory):
         shutil.copy(f, out / "cache" / f.name)
     logreg.build(compose_config("logreg", f"results_dir={out}"), make_compressor("identity"))
     return out
+
+
+# Every logged row carries compute_s, the measured compute time (docs/cost.md): the one column in
+# which two runs of the same config differ. Runs are compared byte for byte on everything else.
+_TIMING = re.compile(r', "compute_s": [-+0-9.eEinfa]+')
+
+
+def metrics_bytes(run_dir) -> bytes:
+    """metrics.jsonl as written, less every row's measured ``compute_s`` (each row has one)."""
+    text = (Path(run_dir) / "metrics.jsonl").read_text()
+    assert text.count('"compute_s": ') == text.count("\n")
+    return _TIMING.sub("", text).encode()
+
+
+def untimed(x):
+    """A row, a summary's ``final`` or a list of rows without ``compute_s``."""
+    if isinstance(x, list):
+        return [untimed(r) for r in x]
+    return {k: v for k, v in x.items() if k != "compute_s"}

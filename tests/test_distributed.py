@@ -29,7 +29,7 @@ from experiments.run.record import read_metrics, read_summary
 from experiments.run.world import free_port, open_world
 from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor
-from tests.conftest import REPO, compose_config, stopping_train
+from tests.conftest import REPO, compose_config, metrics_bytes, stopping_train, untimed
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
@@ -134,7 +134,32 @@ def test_metrics_and_parameters_equal_simulation(name, dist_runs, sim_runs):
             assert abs(a["gap"] - b["gap"]) <= 1e-6
     else:
         assert all(torch.equal(a, b) for a, b in zip(pd, ps))
-        assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
+        assert metrics_bytes(d) == metrics_bytes(s)
+
+
+COSTS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", "hops")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cost_columns_equal_simulation(name, dist_runs, sim_runs):
+    """Every row's compute and traffic columns are the simulation's, exactly (docs/cost.md)."""
+    rows_d, rows_s = read_metrics(dist_runs / name), read_metrics(sim_runs / name)
+    for a, b in zip(rows_d, rows_s):
+        assert {k: a[k] for k in COSTS} == {k: b[k] for k in COSTS}
+        assert a["compute_s"] >= 0 and b["compute_s"] >= 0
+    last = rows_d[-1]
+    assert last["grads"] > 0 and last["hops"] > 0
+    if name == "gluon":          # ring all-reduce of the dense gradient, plus the coin, per step
+        assert last["up_bytes"] == last["down_bytes"] == STEPS * 2 * (WORLD - 1) / WORLD * 124 * 4
+        assert last["star_down_bytes"] == STEPS * 124 * 4 and last["rounds"] == STEPS
+        assert last["hops"] == STEPS * (2 * (WORLD - 1) + 1)
+    if name == "gluon-exact":    # all-gather: the other n - 1 dense gradients
+        assert last["up_bytes"] == last["down_bytes"] == STEPS * (WORLD - 1) * 124 * 4
+        assert last["hops"] == STEPS * WORLD
+    if name == "ef21_muon-topk":  # TopK's average is not sparse at k: n - 1 packets come down
+        dense = 124 * 4           # step 0 sends M^0 uncompressed (a ring all-reduce)
+        assert last["down_bytes"] == (2 * (WORLD - 1) / WORLD * dense
+                                      + (WORLD - 1) * (last["bytes"] - dense))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -176,14 +201,15 @@ def test_torchrun_entry_point_writes_the_simulations_metrics(tmp_path, results):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sim = subprocess.run([sys.executable, "-m", "experiments.logreg", *overrides,
+                          "dense_collective=all_gather",     # the traffic it counts: docs/cost.md
                           f"hydra.run.dir={tmp_path / 'sim'}"], env=env, capture_output=True,
                          text=True, timeout=120, cwd=REPO)
     assert sim.returncode == 0, sim.stderr[-2000:]
     d, s = tmp_path / "dist", tmp_path / "sim"
-    assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(d) == metrics_bytes(s)
     sd, ss = read_summary(d), read_summary(s)
     assert sd["config"]["comm"] == "torchdist" and ss["config"]["comm"] == "sim"
-    assert sd["final"] == ss["final"] and sd["wire"]["processes"] == 2
+    assert untimed(sd["final"]) == untimed(ss["final"]) and sd["wire"]["processes"] == 2
     assert "[start]" in (d / "logreg.log").read_text()           # rank 0 logs, once
     assert (d / "logreg.log").read_text().count("[start]") == 1
     # the same config was already finished by the simulation: torchrun into its folder skips
@@ -285,7 +311,7 @@ def test_cnn_on_two_processes_writes_the_simulations_run(tmp_path):
     execute(compose_config("cnn", *CNN, f"results_dir={tmp_path / 'sim'}"), tmp_path / "sim" / "run",
             _cnn_task())
     d, s = tmp_path / "dist" / "run", tmp_path / "sim" / "run"
-    assert (d / "metrics.jsonl").read_bytes() == (s / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(d) == metrics_bytes(s)
     assert len(read_metrics(d)) == 4 and "test_acc" in read_metrics(d)[-1]
     assert all(torch.equal(a, b) for a, b in zip(_params(d), _params(s)))
     assert read_summary(d)["wire"]["measured_bytes_per_worker"] == [read_summary(s)["bytes"]] * 2
@@ -331,6 +357,6 @@ def test_a_killed_torchdist_run_resumes_bit_identically(tmp_path, results):
     assert s["status"] == "ok" and s["resumed"] is True
     ref = tmp_path / "sim"
     execute(compose_config("logreg", *RESUME, f"results_dir={results}"), ref, task)
-    assert (run_dir / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
-    assert s["final"] == read_summary(ref)["final"]
+    assert metrics_bytes(run_dir) == metrics_bytes(ref)
+    assert untimed(s["final"]) == untimed(read_summary(ref)["final"])
     assert not list(run_dir.glob("checkpoint*.pt"))          # a finished run keeps none

@@ -20,7 +20,7 @@ from experiments.run.checkpoint import CHECKPOINT
 from experiments.run.record import read_metrics, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
 from experiments.run.config import run_name
-from tests.conftest import compose_config
+from tests.conftest import compose_config, metrics_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
@@ -165,7 +165,7 @@ def test_local_submitit_preemption_requeues_and_resumes(tmp_path, results):
     (ref_run,) = sweep_runs(tmp_path / "ref")
     logs = "".join(p.read_text() for p in (tmp_path / "pre" / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in logs and "[resume]" in logs
-    assert (run / "metrics.jsonl").read_bytes() == (ref_run / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(run) == metrics_bytes(ref_run)
 
 
 def _param(run_dir: Path, sweep_dir: Path, key: str) -> str:

@@ -93,10 +93,10 @@ def is_locked(run_dir: Path) -> bool:
 
 
 def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
-    world = world or World()
     run_dir = Path(run_dir)
     compressor = validate(cfg, task)          # bad input fails here, before any compute
     cfg = plain(cfg)                          # resolved, enums as strings
+    world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
     config = OmegaConf.to_container(cfg)
     torch.set_num_threads(cfg.threads)
     with RunLock(run_dir, enabled=world.writer):

@@ -75,8 +75,8 @@ class World:
         return self.rank == 0
 
     def comm(self, n_workers: int, seed: int) -> Comm:
-        if self.kind == "sim":
-            return InProcessComm(n_workers, seed=seed)
+        if self.kind == "sim":   # counts the traffic the same run would move on processes
+            return InProcessComm(n_workers, seed=seed, dense=self.dense)
         from gluon.distributed import TorchDistComm
         return TorchDistComm(seed, dense=self.dense)
 
@@ -110,7 +110,7 @@ class World:
 def open_world(kind: str, device: str = "cpu", dense: str = "all_reduce") -> World:
     """Join the process group for ``comm=torchdist`` (after :func:`check_env` said yes)."""
     if kind == "sim":
-        return World()
+        return World(dense=dense)
     import torch.distributed as dist
     env_from_slurm()
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import metrics_bytes
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,7 +205,7 @@ def test_sweep_runs_as_a_job_array_and_every_run_is_ok(sweep):
     # the launcher is not part of a run's identity: the same run without SLURM is identical
     assert sweep["plain_rc"] == 0, sweep["plain_out"][-3000:]
     plain = sweep["plain"]
-    assert (plain / "metrics.jsonl").read_bytes() == (runs[0] / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(plain) == metrics_bytes(runs[0])
     assert summary(plain)["final"] == summary(runs[0])["final"]
 
 
@@ -287,7 +289,7 @@ def test_requeued_array_task_resumes_and_ends_bit_identical(env, results, tmp_pa
     assert s["resumed"] is True and r["resumed"] is False
     assert rows_before < len(metrics(run_dir))
     # bit-identical to the uninterrupted run: every metric row, the final state
-    assert (run_dir / "metrics.jsonl").read_bytes() == (tmp_path / "ref" / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(run_dir) == metrics_bytes(tmp_path / "ref")
     for key in ("final", "steps_done", "comm", "bytes"):
         assert s[key] == r[key], key
     a = torch.load(run_dir / "checkpoint.pt", weights_only=False)          # keep_checkpoint
@@ -350,7 +352,7 @@ def test_torch_distributed_job_through_srun(env, results, tmp_path):
     assert wire["measured_bytes_per_worker"] == [s["bytes"]] * 2        # measured == ledger
     for key in ("final", "steps_done", "comm", "bytes"):
         assert d[key] == s[key], key
-    assert (dist / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+    assert metrics_bytes(dist) == metrics_bytes(sim)
 
 
 # ---------------------------------------------------------------- 5. the launcher, one task per worker
@@ -372,5 +374,5 @@ def test_sweep_with_torchdist_runs_one_slurm_task_per_worker(env, results, tmp_p
         sim = tmp_path / f"sim{seed}"
         ref = run(logreg(*common, f"seed={seed}", f"hydra.run.dir={sim}"), env, 120)
         assert ref.returncode == 0, tail(ref.stdout + ref.stderr)
-        assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+        assert metrics_bytes(run_dir) == metrics_bytes(sim)
         assert (run_dir / "logreg.log").read_text().count("[start]") == 1   # rank 0 logs
