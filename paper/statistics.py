@@ -21,8 +21,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy import stats
 
+from experiments.run import runs as run_files
 from experiments.run.config import OPERATIONAL
-from experiments.run.record import read_metrics, read_summary
 
 # Config keys that do not change what a run computes (ignored when grouping runs).
 NON_SEMANTIC = set(OPERATIONAL) | {"seed", "results_dir", "launcher"}
@@ -49,12 +49,23 @@ class Run:
 
 
 def load_runs(root: str | Path) -> list[Run]:
-    """Every finished run (status ok or diverged) below ``root``."""
+    """Every finished run (status ok or diverged) below ``root``. A damaged run (its
+    metrics.jsonl is not the file its summary describes) or a garbled row stops the figure
+    with one line naming the run: the sweep's command recomputes it."""
     runs = []
     for summary in sorted(Path(root).rglob("summary.json")):
-        s = read_summary(summary.parent)
-        if s and s.get("status") in ("ok", "diverged"):
-            runs.append(Run(summary.parent, s, read_metrics(summary.parent)))
+        s = run_files.read_summary(summary.parent)
+        if not s or s.get("status") not in run_files.FINISHED:
+            continue
+        damage = run_files.damage(summary.parent, s)
+        if damage:
+            raise SystemExit(f"error: {summary.parent} is damaged ({damage}): run its sweep "
+                             "again to recompute it")
+        try:
+            rows = run_files.read_rows(summary.parent)
+        except run_files.MetricsError as err:
+            raise SystemExit(f"error: {err}") from None
+        runs.append(Run(summary.parent, s, rows))
     return runs
 
 

@@ -63,11 +63,13 @@ def atomic_write(path: str | Path, write_fn: Callable[[IO[bytes]], object]) -> N
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
+        if isinstance(err, OSError) and err.filename in (None, str(tmp)):
+            err.filename = str(path)           # e.g. a full disk: name the file being written
         raise
     _fsync_dir(path.parent)
 

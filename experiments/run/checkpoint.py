@@ -3,9 +3,11 @@
 A checkpoint is ``<run_dir>/checkpoint.pt``: the method's state (parameters, X^{k-1}, g, M, the
 coin, every worker's data RNG and error memory, the uplink ledger), an optional task state
 (e.g. BatchNorm buffers), the global RNG states, the number of metric rows written and the
-W&B run id. It is written at a step boundary only, atomically (a temporary file, fsync, then
-``os.replace``), so a run killed at any moment - SIGKILL included - leaves either the previous
-checkpoint or the new one, never half of one.
+W&B run id. It is written at a step boundary only, atomically (:mod:`experiments.run.atomic`:
+a private temporary file, fsync, then ``os.replace``), so a run killed at any moment - SIGKILL
+included - leaves either the previous checkpoint or the new one, never half of one; a write that
+fails (a full disk) removes its temporary file and leaves the previous checkpoint as it was.
+Temporary files left by a kill during a write are removed when the run ends (:func:`leftovers`).
 
 Signals (SIGTERM, SIGUSR1, SIGUSR2 - submitit's preemption and time-limit signal) never
 interrupt a step: :class:`SignalGuard` only records them; the runner checks between steps,
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .atomic import atomic_write
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 1
@@ -63,13 +67,15 @@ def job_key() -> str | None:
 
 
 def save(path: str | Path, payload: dict) -> None:
+    atomic_write(path, lambda fh: torch.save(payload, fh))
+
+
+def leftovers(path: str | Path) -> list[Path]:
+    """Temporary files of the checkpoint ``path`` left by a process killed while writing it:
+    ``.<name>.<pid>.<random>.tmp`` (:mod:`experiments.run.atomic`) and ``<name>.tmp<pid>``
+    (written by earlier versions)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    return sorted({*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f"{path.name}.tmp*")})
 
 
 def load(path: str | Path) -> dict | None:

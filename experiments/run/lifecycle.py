@@ -8,10 +8,20 @@ Checkpoints (see :mod:`experiments.run.checkpoint`): every ``checkpoint_every`` 
 on signals) and when SIGTERM/SIGUSR1/SIGUSR2 arrives, the state is written to
 ``<run_dir>/checkpoint.pt`` between two steps. A run that finds a checkpoint written with the
 same config resumes from it bit-identically: same parameters, same metric rows, no row missing
-or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them);
-"failed" (an exception) is re-run from scratch, its checkpoint deleted; a preempted run has no
-summary, only its checkpoint, and resumes. A finished run's checkpoint is deleted, unless
-``keep_checkpoint`` is set: it then holds the final state.
+or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them) as long as
+metrics.jsonl is the file the summary describes, else the run is "damaged"
+(:mod:`experiments.run.runs`) and is done again (resumed from a checkpoint whose rows are
+intact, else recomputed), after a line that says so; "failed" (an exception) is re-run from
+scratch, its checkpoint deleted; a preempted run has no summary, only its checkpoint, and
+resumes. A finished run's checkpoint is deleted, unless ``keep_checkpoint`` is set: it then
+holds the final state. Temporary files left by killed checkpoint writes are removed at the end.
+
+The environment (a full disk, a folder made read-only, data that went missing) stops a run with
+an :class:`~experiments.run.runs.EnvironmentProblem`, never a "failed" summary: the checkpoint
+is kept, and the message says which file could not be written and what to do. A single run then
+prints it in one or two lines and exits with status 2, removing its run folder if this
+invocation created it and nothing in it can be resumed; in a sweep the run is logged and left
+unfinished, so the sweep report lists it.
 
 Concurrency: a run folder is written by one process at a time (:class:`RunLock`); a second
 process given the same config waits for the first, then skips the finished run.
@@ -22,9 +32,14 @@ folder, the logs and W&B; every other rank keeps its own worker's checkpoint
 """
 from __future__ import annotations
 
+import errno
 import fcntl
+import json
 import logging
 import os
+import shutil
+import signal
+import sys
 import socket
 import time
 import traceback
@@ -37,13 +52,17 @@ from gluon import train
 from gluon.engine import gradients_per_worker
 
 from . import checkpoint as ckpt
+from . import runs
 from .config import plain, validate
 from .record import RunLog, comparable, read_summary
+from .runs import LOCK, EnvironmentProblem, is_locked  # noqa: F401 (is_locked: for callers)
 from .world import World
 
 log = logging.getLogger("experiments.run")
-LOCK = ".lock"
 POLL = 10      # steps between the ranks' agreement on a pending signal (comm=torchdist)
+# errors of a write that say the machine, not the run, is at fault
+FULL = (errno.ENOSPC, errno.EDQUOT)
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class RunLock:
@@ -79,19 +98,6 @@ class RunLock:
             self._fh = None
 
 
-def is_locked(run_dir: Path) -> bool:
-    """Whether a live process holds ``run_dir``'s lock (a run in progress elsewhere)."""
-    path = Path(run_dir) / LOCK
-    if not path.exists():
-        return False
-    with open(path) as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-    return False
-
-
 def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
     run_dir = Path(run_dir)
     compressor = validate(cfg, task)          # bad input fails here, before any compute
@@ -99,8 +105,35 @@ def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = No
     world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
     config = OmegaConf.to_container(cfg)
     torch.set_num_threads(cfg.threads)
-    with RunLock(run_dir, enabled=world.writer):
-        return _execute(cfg, config, run_dir, task, world, compressor)
+    try:
+        with RunLock(run_dir, enabled=world.writer):
+            return _execute(cfg, config, run_dir, task, world, compressor)
+    except OSError as err:
+        if not environmental(err):
+            raise
+        raise EnvironmentProblem(_stopped(err, run_dir / _checkpoint_name(world))) from None
+
+
+def environmental(err: BaseException) -> bool:
+    """A write refused by the machine (full disk, read-only folder), not a bug of the run."""
+    return isinstance(err, OSError) and err.errno in FULL + READ_ONLY
+
+
+def _stopped(err: OSError, checkpoint: Path) -> str:
+    """What stopped the run and what is kept, in two lines."""
+    what = _shown(Path(err.filename)) if err.filename else "a file"
+    if err.errno in FULL:
+        first, fix = f"no space left on the device writing {what}", "free space"
+    else:
+        first = f"cannot write {what} ({os.strerror(err.errno)})"
+        fix = "make the folder writable (or choose another: hydra.run.dir=PATH, results_dir=PATH)"
+    saved = ckpt.load(checkpoint) if checkpoint.exists() else None
+    if saved is not None:
+        kept = (f"the last good checkpoint, {_shown(checkpoint)} (step {saved['method']['k']}), "
+                f"is kept: {fix}, then run the same command to resume from it")
+    else:
+        kept = f"no checkpoint was written yet: {fix}, then run the same command to start over"
+    return f"{first}\n  {kept}"
 
 
 def _shown(run_dir: Path) -> str:
@@ -119,14 +152,22 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
         log.info("[skip] %s: already finished with this config", where)
         return read_summary(run_dir)
 
+    damaged = _damaged(run_dir, config) if world.writer and not cfg.overwrite else None
     path = run_dir / _checkpoint_name(world)
     every = int(cfg.get("checkpoint_every", 0) or 0)
-    saved = _resumable(ckpt.load(path), config, cfg.overwrite)
+    saved = _resumable(ckpt.load(path), config, cfg.overwrite,
+                       run_dir if world.writer else None)
     if not world.all(saved is not None):
         saved = None                          # resume only when every rank can
+    if damaged:
+        log.info("[damaged] %s: %s: %s", where, damaged,
+                 f"resuming from its checkpoint at step {saved['method']['k']}" if saved
+                 else "recomputing it")
     try:
         built = task.build(cfg, compressor, world)
-    except Exception:                         # e.g. the data cannot be found: recorded
+    except EnvironmentProblem:                # e.g. the data went missing: nothing to record
+        raise
+    except Exception:                         # a bug: recorded
         record.start()
         record.finish("failed", error=traceback.format_exc())
         raise
@@ -152,7 +193,8 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
             "format": ckpt.FORMAT, "config": comparable(config), "job": ckpt.job_key(),
             "method": method.state_dict(),
             "state": state.state_dict() if state is not None else None,
-            "rng": ckpt.rng_state(), "rows": record.rows, "wandb_id": record.wandb_id,
+            "rng": ckpt.rng_state(), "rows": record.rows, "rows_sha256": record.rows_sha256(),
+            "wandb_id": record.wandb_id,
             "train_time": prior_time + time.perf_counter() - t0})
 
     interrupted = False
@@ -168,6 +210,9 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
                 save()
             if stop:
                 interrupted = True
+                log.info("[signal] %s at step %d: checkpoint written, stopping (the same command "
+                         "resumes)", _signal_name(guard.pending) if guard.pending is not None
+                         else "another rank's signal", m.k)
                 if guard.pending is None:     # another rank was signalled: stop with it
                     raise SystemExit(143)
                 guard.forward()               # exits (or requeues through submitit) as asked
@@ -177,15 +222,19 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
             status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=built.evaluate,
                            on_log=record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
                            log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
-        except Exception:
-            if interrupted:                   # e.g. submitit: "timed-out too many times"
-                record.abort()
-                raise
+        except Exception as err:
+            if interrupted or environmental(err):   # e.g. submitit: "timed-out too many
+                record.abort()                        # times"; a full disk: the checkpoint
+                raise                                 # is kept and resumes the run
             record.finish("failed", error=traceback.format_exc(), **built.summary)
             path.unlink(missing_ok=True)      # a failure is re-run from scratch
             raise
-        except BaseException:                 # SystemExit from a signal, KeyboardInterrupt
+        except BaseException as err:          # SystemExit from a signal, KeyboardInterrupt
             record.abort()                    # no summary: the checkpoint resumes the run
+            if not interrupted:
+                log.info("[stopped] %s at step %d: %s", _stop_reason(err), method.k,
+                         "its last checkpoint is kept (the same command resumes)"
+                         if path.exists() else "no checkpoint written yet")
             raise
     last = record.last_row or {}
     wire = {}
@@ -204,6 +253,8 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
         save()                                # the final state (a finished run never resumes)
     else:
         path.unlink(missing_ok=True)
+    for tmp in ckpt.leftovers(path):          # left by a process killed while writing
+        tmp.unlink(missing_ok=True)
     world.barrier()
     shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
                       and isinstance(v, float))
@@ -216,9 +267,12 @@ def _checkpoint_name(world: World) -> str:
     return ckpt.CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
 
 
-def _resumable(saved: dict | None, config: dict, overwrite: bool) -> dict | None:
+def _resumable(saved: dict | None, config: dict, overwrite: bool,
+               run_dir: Path | None = None) -> dict | None:
     """A checkpoint is used when it was written with the same config; with ``overwrite`` only
-    when it was written by this very scheduler job (a requeue), not by an earlier run."""
+    when it was written by this very scheduler job (a requeue), not by an earlier run; and,
+    given the ``run_dir`` whose metrics.jsonl it continues (the writing process), only when
+    that file still starts with the rows the checkpoint was written after."""
     if saved is None:
         return None
     if saved.get("config") != comparable(config):
@@ -226,7 +280,58 @@ def _resumable(saved: dict | None, config: dict, overwrite: bool) -> dict | None
         return None
     if overwrite and (saved.get("job") is None or saved.get("job") != ckpt.job_key()):
         return None
+    problem = _rows_problem(run_dir, saved) if run_dir is not None else None
+    if problem:
+        log.info("[checkpoint] %s: %s: starting over", _shown(run_dir), problem)
+        return None
     return saved
+
+
+def _rows_problem(run_dir: Path, saved: dict) -> str | None:
+    """Why metrics.jsonl no longer holds the rows a checkpoint was written after, or None."""
+    n = int(saved.get("rows", 0))
+    try:
+        have = runs.digest(run_dir / runs.METRICS, rows=n)
+    except FileNotFoundError:
+        return f"{runs.METRICS} is missing (the checkpoint was written after {n} rows)"
+    if have["rows"] < n:
+        return (f"{runs.METRICS} has {have['rows']} complete rows, the checkpoint was written "
+                f"after {n}")
+    want = saved.get("rows_sha256")
+    if want is not None and have["sha256"] != want:
+        return f"the first {n} rows of {runs.METRICS} are not those the checkpoint was written after"
+    if want is None:                          # a checkpoint of an earlier version
+        with open(run_dir / runs.METRICS) as fh:
+            for i, (line, _) in enumerate(zip(fh, range(n)), 1):
+                try:
+                    json.loads(line)
+                except ValueError:
+                    return f"{runs.METRICS} line {i} is not a row"
+    return None
+
+
+def _damaged(run_dir: Path, config: dict) -> str | None:
+    """Why a finished run of this config is damaged (it is not skipped), or None."""
+    s = read_summary(run_dir)
+    if not s or s.get("status") not in runs.FINISHED or \
+            comparable(s.get("config")) != comparable(config):
+        return None
+    return runs.damage(run_dir, s)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _stop_reason(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "SIGINT (KeyboardInterrupt)"
+    if isinstance(err, SystemExit) and isinstance(err.code, int) and err.code > 128:
+        return _signal_name(err.code - 128)
+    return type(err).__name__
 
 
 def _summary_line(config: dict) -> str:
@@ -308,21 +413,72 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     from .world import close_world, open_world
 
     hc = HydraConfig.get()
-    run_dir = hc.runtime.output_dir
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
     plain_cfg = plain(cfg)
     world = open_world(plain_cfg.comm, str(plain_cfg.get("device", "cpu")),
                        plain_cfg.dense_collective)
     if not world.writer:                      # rank > 0: rank 0 logs for the run
         logging.getLogger("experiments").setLevel(logging.WARNING)
+    fresh = world.writer and _fresh(run_dir)
+    # A log line that cannot be written (the disk is full) must not print a traceback: the
+    # writes that matter (rows, checkpoints) stop the run with one line.
+    logging.raiseExceptions = False
     try:
-        if hc.mode != RunMode.MULTIRUN:
+        if not multirun:
             return execute(cfg, run_dir, task, world)
         try:
             return execute(cfg, run_dir, task, world)
+        except EnvironmentProblem as e:       # left unfinished: the sweep report lists it
+            log.error("[stopped] %s: %s", run_dir, str(e).replace("\n ", ""))
+            return {"status": "stopped", "error": str(e)}
         except Exception as e:  # noqa: BLE001 (recorded in summary.json; the sweep continues)
             log.error("[failed] %s: %s: %s", run_dir, type(e).__name__, e)
             traceback.print_exc()
             return {"status": "failed", "error": repr(e)}
+    except EnvironmentProblem as e:           # a single run: one or two lines, exit status 2
+        if fresh and not (run_dir / _checkpoint_name(world)).exists():
+            _close_file_logs()
+            shutil.rmtree(run_dir, ignore_errors=True)   # made by this invocation, empty
+        else:
+            _to_file_logs(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(e.exit_code) from None
     finally:
-        if hc.mode != RunMode.MULTIRUN:
+        if not multirun:
             close_world(world)
+
+
+def _fresh(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds nothing but what hydra wrote when this job started (its
+    ``.hydra`` folder, the log) and the lock: nothing of an earlier run."""
+    try:
+        names = [p.name for p in Path(run_dir).iterdir()]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return all(n in (".hydra", LOCK) or n.endswith(".log") for n in names)
+
+
+def _file_handlers() -> list[logging.FileHandler]:
+    return [h for h in logging.getLogger("experiments").handlers
+            if isinstance(h, logging.FileHandler)]
+
+
+def _close_file_logs() -> None:
+    """Stop logging into the run folder (about to be removed)."""
+    root = logging.getLogger("experiments")
+    for h in _file_handlers():
+        root.removeHandler(h)
+        h.close()
+
+
+def _to_file_logs(message: str) -> None:
+    """``message`` into the run's log file only (the console gets it on stderr)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for h in _file_handlers():
+        try:
+            h.handle(record)
+        except OSError:
+            pass

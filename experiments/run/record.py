@@ -10,11 +10,16 @@ rows written before the checkpoint).
 "The same config" ignores the keys in :data:`OPERATIONAL` (how a run is executed, not what it
 computes): switching W&B on, changing the checkpoint interval or the data directory does not
 re-run finished work.
+
+summary.json records the row count and SHA-256 of metrics.jsonl as it was when the run ended
+(``"metrics": {"rows", "sha256"}``), and a checkpoint the hash of the rows written before it
+(:meth:`RunLog.rows_sha256`): a run whose files no longer agree is "damaged"
+(:mod:`experiments.run.runs`) and is done again, never skipped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import platform
 import socket
 import subprocess
@@ -23,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import REPO
-
-FINISHED = ("ok", "diverged")
+from . import runs
+from .atomic import atomic_write, atomic_write_text
+from .runs import FINISHED, read_summary  # noqa: F401 (re-exported: the readers' names)
 
 
 def comparable(config: dict | None) -> dict | None:
@@ -54,25 +60,18 @@ def git_commit() -> dict:
         return {"git_commit": None, "git_dirty": None}
 
 
-def read_summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def is_finished(run_dir: Path, config: dict | None = None) -> bool:
+    """Finished (:func:`experiments.run.runs.status` ok or diverged: damaged runs are not) and,
+    when ``config`` is given, with that config."""
     s = read_summary(run_dir)
-    if not s or s.get("status") not in FINISHED:
+    if not s or runs.status(run_dir, s) not in FINISHED:
         return False
     return config is None or comparable(s.get("config")) == comparable(config)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """metrics.jsonl's rows; a garbled line is a MetricsError naming the file and line."""
+    return runs.read_rows(run_dir)
 
 
 class RunLog:
@@ -95,12 +94,13 @@ class RunLog:
         """Open metrics.jsonl fresh, or truncated to its first ``resume_rows`` rows when resuming
         from a checkpoint (rows logged after the checkpoint are dropped: they will be logged
         again). ``wandb_id`` continues that W&B run; a fresh start gets a new id."""
+        self._hash = hashlib.sha256()
         if not self.enabled:
             self.rows, self.last_row, self.wandb_id = resume_rows or 0, None, wandb_id
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / "metrics.jsonl"
-        (self.dir / "summary.json").unlink(missing_ok=True)
+        path = self.dir / runs.METRICS
+        (self.dir / runs.SUMMARY).unlink(missing_ok=True)
         if resume_rows is None:
             self._fh = open(path, "w")
             self.rows, self.last_row = 0, None
@@ -112,15 +112,18 @@ class RunLog:
             if len(rows) != resume_rows or (lines and not lines[-1].endswith("\n")):
                 raise RuntimeError(f"{path} has {len(rows)} complete rows, the checkpoint "
                                    f"expects {resume_rows}: cannot resume")
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "w") as fh:
-                fh.writelines(lines)
-            os.replace(tmp, path)
+            data = "".join(lines).encode()
+            atomic_write(path, lambda fh: fh.write(data))
+            self._hash.update(data)
             self._fh = open(path, "a")
             self.rows, self.last_row = len(rows), (rows[-1] if rows else None)
-        (self.dir / "config.json").write_text(json.dumps(self.config, indent=2))
+        atomic_write_text(self.dir / "config.json", json.dumps(self.config, indent=2))
         self.wandb_id = wandb_id or _new_wandb_id(self.dir)
         self._start_wandb(resumed=resume_rows is not None)
+
+    def rows_sha256(self) -> str:
+        """SHA-256 of the rows written so far (a checkpoint records it: resuming needs them)."""
+        return self._hash.hexdigest()
 
     def _start_wandb(self, resumed: bool = False):
         if not self.wandb_cfg.get("enabled"):
@@ -163,8 +166,14 @@ class RunLog:
         if not self.enabled:
             self.rows += 1
             return
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
+        line = json.dumps(row) + "\n"
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+        except OSError as err:         # e.g. a full disk: say which file
+            err.filename = err.filename or str(self.dir / runs.METRICS)
+            raise
+        self._hash.update(line.encode())
         if self._wandb is not None:
             # W&B's step is the row index: monotonic across a resume, so rows logged again
             # after a requeue (identical values) do not become a second curve.
@@ -174,15 +183,18 @@ class RunLog:
     def finish(self, status: str, **extra: Any) -> dict:
         if getattr(self, "_fh", None) is not None:
             self._fh.close()
+        if self.enabled:               # what metrics.jsonl holds now: a later change is damage
+            try:
+                extra["metrics"] = runs.digest(self.dir / runs.METRICS)
+            except FileNotFoundError:  # failed before the first row
+                pass
         summary = {"status": status, **extra, "seed": self.config.get("seed"),
                    **git_commit(), "wall_time": time.time() - self._t0,
                    "host": socket.gethostname(), "python": platform.python_version(),
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": self.config}
         if not self.enabled:
             return summary
-        tmp = self.dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, self.dir / "summary.json")
+        atomic_write_text(self.dir / runs.SUMMARY, json.dumps(summary, indent=2))
         if self._wandb is not None:
             self._wandb.summary.update({k: v for k, v in summary.items() if k != "config"})
             self._wandb.finish(exit_code=0 if status in FINISHED else 1)
@@ -192,7 +204,10 @@ class RunLog:
     def abort(self) -> None:
         """Stop writing without a summary (preempted: the run resumes from its checkpoint)."""
         if getattr(self, "_fh", None) is not None and not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:            # a full disk: the rows after the checkpoint are dropped
+                pass                   # when the run resumes
         if self._wandb is not None:
             try:
                 self._wandb.mark_preempting()
@@ -210,7 +225,6 @@ def _run_name(run_dir: Path, method: str | None) -> str:
 def _new_wandb_id(run_dir: Path) -> str:
     """A new W&B run id per fresh start (a re-run after overwrite is a new W&B run); the
     checkpoint stores it, so a resumed run continues the same W&B run."""
-    import hashlib
     import uuid
     return (hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:8]
             + uuid.uuid4().hex[:8])

@@ -20,8 +20,11 @@ table has a row per config (``--per-run``: a row per run) with
 
 The metric is ``gap`` when the runs log it (a5a), else ``loss``, unless ``--metric`` names
 another. A diverged run's final value is the worst possible (+inf, -inf for an accuracy), so
-its config's mean says so; runs that failed or have not finished (running, interrupted,
-missing) are counted in ``status`` with NaN metrics and are left out of the means. Rows are
+its config's mean says so; runs that failed, are damaged (summary.json and metrics.jsonl
+disagree: :mod:`experiments.run.runs`) or have not finished (running, interrupted, missing) are
+counted in ``status`` with NaN metrics and are left out of the means; each damaged run is named
+with what is wrong, and runs whose summary predates the metrics record are counted (``python -m
+experiments.run.migrate`` checks and records them). Rows are
 sorted best first by the final metric (``--sort`` names other columns). The table is printed
 and written as CSV, by default to ``<sweep>/summary.csv`` (``summary_runs.csv`` with
 ``--per-run``), atomically. A folder without run folders is an error (exit status 2).
@@ -38,11 +41,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import runs as R
 from .atomic import atomic_write_text
 from .record import FINISHED, comparable, read_summary
 from .sweep import sweep_runs
 
-STATUS_ORDER = ("ok", "diverged", "failed", "interrupted", "running", "missing")
+STATUS_ORDER = ("ok", "diverged", "damaged", "failed", "interrupted", "running", "missing")
 NUMERIC = ("comm", "steps", "train_s")
 
 
@@ -102,23 +106,6 @@ def _number(v) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def _read_rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl's rows; a line that does not parse (cut by a kill) is skipped."""
-    try:
-        text = (run_dir / "metrics.jsonl").read_text()
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def load_run(run_dir: Path, status: str) -> dict:
     """What the table needs from one run folder: its status, summary, config and (finished
     runs only) its logged rows."""
@@ -126,7 +113,9 @@ def load_run(run_dir: Path, status: str) -> dict:
     summary = summary if isinstance(summary, dict) else None
     return {"dir": run_dir, "status": status, "summary": summary,
             "config": run_config(run_dir, summary),
-            "rows": _read_rows(run_dir) if status in FINISHED and summary else []}
+            "rows": R.read_rows(run_dir, strict=False) if status in FINISHED and summary else [],
+            "damage": R.damage(run_dir, summary) if status == R.DAMAGED else None,
+            "legacy": status in FINISHED and "metrics" not in summary}
 
 
 def run_record(run: dict, metric: str) -> dict:
@@ -259,7 +248,10 @@ def summarize(sweep_dir: str | Path, metric: str | None = None,
             "shared": {_label(k): v for k, v in shared.items()},
             "named": {_label(k): v for k, v in shared.items() if k.endswith(".name")},
             "statuses": _status_text(runs_df["status"]), "sweep": str(sweep_dir),
-            "columns": cols}
+            "columns": cols,
+            "damaged": {r["dir"].relative_to(sweep_dir).as_posix(): r["damage"]
+                        for r in loaded if r["damage"]},
+            "legacy": sum(r["legacy"] for r in loaded)}
     if per_run:
         table = runs_df.rename(columns={"final": final, "best": best})
         table = table[cols + ["seed", "status", final, best, *NUMERIC, "run"]]
@@ -359,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:           # e.g. | head: the CSV is written, the rest not wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    for run, why in info["damaged"].items():
+        print(f"damaged: {run}: {why} (re-run the sweep to recompute it)", file=sys.stderr)
+    if info["legacy"]:
+        print(f"{info['legacy']} finished runs predate the record of their metrics file: "
+              f"python -m experiments.run.migrate {args.sweep} checks and records them",
+              file=sys.stderr)
     print(f"wrote {out} ({len(table)} rows)", file=sys.stderr)
     return 0
 

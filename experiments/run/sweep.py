@@ -2,8 +2,9 @@
 
 Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.lifecycle.
 run_hydra_job`); this callback lists, once every job has returned, each run of this sweep that
-is not finished - failed, interrupted (a checkpoint but no summary) or missing - and exits with
-status 1 so that the command (and ``make``) fails. Re-running the same command re-runs only
+is not finished - failed, damaged, interrupted (a checkpoint but no summary) or missing: the
+statuses of :mod:`experiments.run.runs` - and exits with status 1 so that the command (and
+``make``) fails. Re-running the same command re-runs only
 those (finished runs are skipped). ``hydra.callbacks.sweep_report.fail=false`` only reports.
 
 Enabled in an experiment's primary config::
@@ -24,21 +25,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .checkpoint import CHECKPOINT
-from .record import FINISHED, read_summary
-
-
-
-def run_status(run_dir: Path) -> str:
-    """ok | diverged | failed (summary.json), running (another process holds the run's lock),
-    interrupted (a checkpoint, no summary) or missing."""
-    from .lifecycle import is_locked
-    s = read_summary(run_dir)
-    if s is not None:
-        return s.get("status", "unknown")
-    if is_locked(run_dir):
-        return "running"
-    return "interrupted" if (run_dir / CHECKPOINT).exists() else "missing"
+from .runs import FINISHED
+from .runs import status as run_status
 
 
 def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:

@@ -16,11 +16,12 @@ class SkipFinishedSweeper(BasicSweeper):
     """Hydra's basic sweeper that checks every job first and launches only unfinished runs.
 
     Before anything is launched or any folder made, every job's config is composed and checked
-    (:func:`experiments.run.config.validate` with the entry point's task): one bad job stops the
-    sweep with one line and exit status 2. Then each job's run folder is looked at: a finished
-    run with the same config (``experiments.run.record.is_finished``) is reported ``[skip]``
-    here and never handed to the launcher, so re-running a finished sweep on SLURM submits
-    nothing. ``overwrite=true`` launches every job."""
+    (:func:`experiments.run.config.validate` with the entry point's task, and the task's data:
+    ``check_data``): one bad job stops the sweep with one line and exit status 2. Then each
+    job's run folder is looked at: a finished run with the same config whose files agree
+    (``experiments.run.record.is_finished``) is reported ``[skip]`` here and never handed to
+    the launcher, so re-running a finished sweep on SLURM submits nothing; a damaged one is
+    launched again. ``overwrite=true`` launches every job."""
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -31,9 +32,11 @@ class SkipFinishedSweeper(BasicSweeper):
         from experiments.run.cli import composition_message, fail, launcher_starts_workers
         from experiments.run.config import ConfigError, plain, validate
         from experiments.run.record import is_finished, read_summary
+        from experiments.run.runs import EnvironmentProblem
         from experiments.run.sweep import SKIPPED
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
         check_world = not launcher_starts_workers(self.config)
+        check_data = getattr(self.task, "check_data", None)
         cfgs = []
         for job in jobs:                       # every job checked before any is launched
             try:
@@ -44,6 +47,12 @@ class SkipFinishedSweeper(BasicSweeper):
             except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
                 fail(f"{composition_message(err)} (in the job {' '.join(job)})")
             cfgs.append(cfg)
+        for job, cfg in zip(jobs, cfgs):       # then the data (its hashes are cached)
+            try:
+                if check_data is not None:
+                    check_data(cfg)
+            except (ConfigError, EnvironmentProblem) as err:
+                fail(f"{err} (in the job {' '.join(job)})")
         todo = []
         for job, cfg in zip(jobs, cfgs):
             run_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
