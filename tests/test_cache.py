@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import multiprocessing as mp
 from pathlib import Path
 
@@ -162,8 +163,9 @@ def test_cifar_cache_parallel_build(pool, tmp_path):
             assert torch.equal(tex, ref.test_x) and torch.equal(tey, ref.test_y)
             assert classes == list(cifar.CLASSES) and source == "jpeg"
     for r in range(ROUNDS):
-        assert sorted(p.name for p in (cache / f"round{r}").iterdir()) == ["cifar10-jpeg-v1.pt"]
-        hit = cifar._load_cache(cache / f"round{r}" / "cifar10-jpeg-v1.pt")
+        (only,) = (cache / f"round{r}").iterdir()           # one cache file, named by content
+        assert re.fullmatch(r"cifar10-jpeg-[0-9a-f]{16}-v%d\.pt" % cifar.CACHE_VERSION, only.name)
+        hit = cifar._load_cache(only)
         assert hit is not None and torch.equal(hit.train_x, ref.train_x)
     assert _tmp_files(cache) == []
 
@@ -211,7 +213,7 @@ def test_unreadable_caches_are_misses(tmp_path):
     data = _jpeg_export(tmp_path / "data", per_class=1)
     cache = tmp_path / "cache"
     good = cifar.load_cifar10(data, cache, source="jpeg", download=False)
-    path = cache / "cifar10-jpeg-v1.pt"
+    (path,) = cache.glob("cifar10-jpeg-*.pt")
     blob = path.read_bytes()
     path.write_bytes(blob[: len(blob) // 2])
     with pytest.warns(RuntimeWarning, match="unreadable CIFAR-10 cache"):

@@ -200,7 +200,7 @@ def _write_folder(root: Path, split: str, colours: dict) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")   # torchvision.io's write_jpeg
-def test_image_folder_loader_and_uint8_cache(tmp_path):
+def test_image_folder_loader_and_uint8_cache(tmp_path, monkeypatch):
     colours = {"bird": (200, 30, 30), "airplane": (30, 200, 30)}   # written in unsorted order
     export = tmp_path / "data" / "cifar10-jpeg"
     for split in ("train", "test"):
@@ -217,11 +217,14 @@ def test_image_folder_loader_and_uint8_cache(tmp_path):
     assert data.label == "CIFAR-10 (JPEG export)" and data.info()["data"] == "CIFAR-10 (JPEG export)"
     cached = list(cache.glob("*.pt"))
     assert len(cached) == 1
-    # the second load comes from the cache, even with the export gone
+    # the second load comes from the cache: nothing is decoded
+    from experiments.tasks import cifar10
+    with monkeypatch.context() as m:
+        m.setattr(cifar10, "read_image_folder", lambda *a: pytest.fail("decoded again"))
+        again = load_cifar10(tmp_path / "data", cache, source="jpeg", download=False)
+    assert torch.equal(again.train_x, data.train_x) and torch.equal(again.test_y, data.test_y)
     for split in ("train", "test"):
         (export / split).rename(tmp_path / f"moved-{split}")
-    again = load_cifar10(tmp_path / "data", cache, source="jpeg", download=False)
-    assert torch.equal(again.train_x, data.train_x) and torch.equal(again.test_y, data.test_y)
     # the tarball form gives the same tensors
     for split in ("train", "test"):
         with tarfile.open(export / f"{split}.tar.gz", "w:gz") as tar:

@@ -125,21 +125,41 @@ def test_local_submitit_sweep_runs_end_to_end(tmp_path, results):
     assert "[sweep]" in out.stdout and "2 ok" in out.stdout
 
 
+# A run that raises (a bug) while the sweep goes on: every config and data set is checked
+# before launch, so the failure is injected into the jobs of one config (task.l2=0.001).
+FAILING_RUN = """
+import os
+if os.environ.get("GLUON_TEST_FAIL_L2"):
+    import experiments.tasks.logreg as task
+    build = task.build
+    def failing(cfg, *args, **kw):
+        if float(cfg.task.l2) == float(os.environ["GLUON_TEST_FAIL_L2"]):
+            raise RuntimeError("injected failure of this run")
+        return build(cfg, *args, **kw)
+    task.build = failing
+"""
+
+
 def test_failed_run_does_not_stop_the_sweep_and_rerun_redoes_only_it(tmp_path, results):
-    # a valid config whose run fails at run time (its data set is missing), beside a good one
-    args = ["task.dataset=a5a,no_such_set", "steps=60", "log_every=20", f"results_dir={results}",
-            f"hydra.sweep.dir={tmp_path}"]
-    first = sweep(*args)
+    # a valid config whose run fails at run time, beside a good one
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FAILING_RUN)
+    env = {"GLUON_TEST_FAIL_L2": "0.001",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    args = ["task.l2=0.0001,0.001", "steps=60", "log_every=20", f"results_dir={results}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    first = sweep(*args, env=env)
     assert first.returncode != 0                          # the sweep reports the failure ...
-    runs = {_param(d, tmp_path, "task.dataset"): s for d, s in sweep_runs(tmp_path).items()}
-    assert runs == {"no_such_set": "failed", "a5a": "ok"}              # ... after every job
+    runs = {_param(d, tmp_path / "sweep", "task.l2"): s
+            for d, s in sweep_runs(tmp_path / "sweep").items()}
+    assert runs == {"0.001": "failed", "0.0001": "ok"}                 # ... after every job
     assert "1 failed, 1 ok" in first.stdout
-    again = sweep(*args)
+    again = sweep(*args, env=env)
     assert again.returncode != 0
     assert "[skip]" in again.stdout and again.stdout.count("[skip]") == 1   # only ok skipped
-    failed = next(d for d in sweep_runs(tmp_path)
-                  if _param(d, tmp_path, "task.dataset") == "no_such_set")
-    assert "no_such_set" in read_summary(failed)["error"]
+    failed = next(d for d in sweep_runs(tmp_path / "sweep")
+                  if _param(d, tmp_path / "sweep", "task.l2") == "0.001")
+    assert "injected failure" in read_summary(failed)["error"]
 
 
 @pytest.mark.slow

@@ -89,6 +89,8 @@ def test_split_shapes_and_label_skew(a5a):
 
 
 def test_missing_data_error_names_every_place_looked(tmp_path, monkeypatch):
+    (tmp_path / "env").mkdir()
+    (tmp_path / "cfg").mkdir()           # (a folder that does not exist is its own error)
     monkeypatch.setenv("GLUON_DATA_DIR", str(tmp_path / "env"))
     with pytest.raises(DataNotFoundError) as err:
         libsvm_file("a0a", data_dir=tmp_path / "cfg", download=False)

@@ -15,13 +15,23 @@ file under ``<results_dir>/cache/`` so that a later run loads them in about a se
 ``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
 disk, else tries the download; if all fail, :class:`~experiments.paths.DataNotFoundError`
 lists every place it looked. Data directories are searched as in :mod:`experiments.paths`.
+
+The cache is keyed by the source's content: the SHA-256 of each source file (the tarballs, the
+official batch files; checked against ``SHA256SUMS`` beside them where there is one, and hashed
+once per file version, :func:`experiments.paths.sha256`), or for an unpacked image folder the
+names, sizes and modification times of its images. The cache records the row counts it decoded
+and is used only when they and the source's identity match, so a changed or truncated source is
+decoded again, never served from an older cache.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import shutil
 import tarfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,7 +46,10 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 JPEG_DIR = "cifar10-jpeg"
 OFFICIAL_DIR = "cifar-10-batches-py"
 LABELS = {"torchvision": "CIFAR-10", "jpeg": "CIFAR-10 (JPEG export)"}
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+OFFICIAL_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
+                  "test_batch", "batches.meta")
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 _IMAGE_EXT = (".jpg", ".jpeg", ".png")
 
 
@@ -49,6 +62,7 @@ class Cifar:
     classes: list[str]
     source: str          # "torchvision" or "jpeg"
     origin: str          # where the pixels came from (path or URL)
+    sources: dict = field(default_factory=dict)   # the source's identity: {name: sha256, ...}
 
     @property
     def label(self) -> str:
@@ -57,7 +71,8 @@ class Cifar:
 
     def info(self) -> dict:
         return {"data": self.label, "data_source": self.source, "data_origin": self.origin,
-                "n_train": len(self.train_y), "n_test": len(self.test_y)}
+                "n_train": len(self.train_y), "n_test": len(self.test_y),
+                **({"data_sha256": self.sources} if self.sources else {})}
 
 
 # ------------------------------------------------------------------ decoding
@@ -159,13 +174,51 @@ def _read_official(root: Path, download: bool) -> dict:
 
 # ------------------------------------------------------------------ the cache and the front door
 
-def _cache_path(cache_dir: Path, source: str) -> Path:
-    return Path(cache_dir) / f"cifar10-{source}-v{CACHE_VERSION}.pt"
+def _on_disk(source: str, data_dir) -> Path | None:
+    """The folder of ``source`` ("torchvision": cifar-10-batches-py, "jpeg": the export) when
+    it is on disk, else None."""
+    if source == "torchvision":
+        root = _official_root(data_dir)
+        return None if root is None else root / OFFICIAL_DIR
+    return _jpeg_export_dir(data_dir)
 
 
-def _from_splits(splits: dict, source: str, origin: str) -> Cifar:
+def _folder_identity(folder: Path) -> str:
+    """An unpacked image folder, by the names, sizes and modification times of its images."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.suffix.lower() in _IMAGE_EXT):
+        st = f.stat()
+        h.update(f"{f.relative_to(folder).as_posix()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return "files:" + h.hexdigest()
+
+
+def identity(source: str, where: Path, cache_dir=None, remember: bool = True) -> dict:
+    """``{name: sha256}`` of what ``source`` is decoded from at ``where`` (see the module
+    docstring); each file checked against SHA256SUMS beside it. DataCorruptError if one differs."""
+    fix = f"get it again ({URL})" if source == "torchvision" else "get the export again"
+    out = {}
+    if source == "torchvision":
+        for name in OFFICIAL_FILES:
+            if (where / name).is_file():
+                out[name] = datasets.verify(where / name, cache_dir, fix, remember)
+        return out
+    for split in ("train", "test"):
+        if (where / split).is_dir():
+            out[f"{split}/"] = _folder_identity(where / split)
+        else:
+            out[f"{split}.tar.gz"] = datasets.verify(where / f"{split}.tar.gz", cache_dir, fix,
+                                                     remember)
+    return out
+
+
+def _cache_path(cache_dir: Path, source: str, sources: dict) -> Path:
+    key = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"cifar10-{source}-{key}-v{CACHE_VERSION}.pt"
+
+
+def _from_splits(splits: dict, source: str, origin: str, sources: dict | None = None) -> Cifar:
     (trx, try_, classes), (tex, tey, _) = splits["train"], splits["test"]
-    return Cifar(trx, try_, tex, tey, list(classes), source, origin)
+    return Cifar(trx, try_, tex, tey, list(classes), source, origin, dict(sources or {}))
 
 
 def _save(c: Cifar, path: Path) -> None:
@@ -173,22 +226,28 @@ def _save(c: Cifar, path: Path) -> None:
     arrays) all build it at once; each writes a private temporary file (experiments.run.atomic)."""
     payload = {"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
                "test_y": c.test_y, "classes": c.classes, "source": c.source,
-               "origin": c.origin, "version": CACHE_VERSION}
+               "origin": c.origin, "version": CACHE_VERSION, "sources": c.sources,
+               "n_train": len(c.train_y), "n_test": len(c.test_y)}
     atomic_write(path, lambda fh: torch.save(payload, fh))
 
 
-def _load_cache(path: Path) -> Cifar | None:
+def _load_cache(path: Path, sources: dict | None = None) -> Cifar | None:
     """The cached tensors, or None (a miss: the caller rebuilds and rewrites the cache) when
-    there is no cache, it is from another version, or it cannot be read (truncated by an older
-    version's non-atomic write, or foreign)."""
+    there is no cache, it is from another version or another source (``sources``, when given),
+    its row counts are not those it recorded, or it cannot be read (foreign, or truncated)."""
     if not path.is_file():
         return None
     try:
         d = torch.load(path, weights_only=True)
         if not isinstance(d, dict) or d.get("version") != CACHE_VERSION:
             return None
+        if sources is not None and d.get("sources") != sources:
+            return None
+        if (len(d["train_y"]), len(d["test_y"])) != (d.get("n_train"), d.get("n_test")):
+            raise ValueError(f"{len(d['train_y'])}/{len(d['test_y'])} rows, recorded "
+                             f"{d.get('n_train')}/{d.get('n_test')}")
         return Cifar(d["train_x"], d["train_y"], d["test_x"], d["test_y"], list(d["classes"]),
-                     d["source"], d["origin"])
+                     d["source"], d["origin"], dict(d.get("sources") or {}))
     except FileNotFoundError:  # removed between the check and the read
         return None
     except Exception as err:
@@ -197,58 +256,88 @@ def _load_cache(path: Path) -> Cifar | None:
         return None
 
 
+def _order(source: str) -> list[str]:
+    if source not in ("auto", "torchvision", "jpeg"):
+        raise ValueError(f"unknown CIFAR-10 source {source!r}; use auto, torchvision or jpeg")
+    return {"auto": ["torchvision", "jpeg"], "torchvision": ["torchvision"], "jpeg": ["jpeg"]}[source]
+
+
+def _not_found(data_dir, order: list[str], errors: list[str]) -> DataNotFoundError:
+    looked = []
+    for d in datasets.candidate_dirs(data_dir):
+        if "torchvision" in order:
+            looked.append(str(d / OFFICIAL_DIR))
+        if "jpeg" in order:
+            looked.append(str(d / JPEG_DIR))
+    return DataNotFoundError(
+        f"CIFAR-10 not found (looked in {', '.join(looked)}"
+        + (f"; {'; '.join(errors)}" if errors else "") + ")"
+        "\n  get it, then pass data_dir=<dir> or set GLUON_DATA_DIR=<dir>: run once where the "
+        f"internet is reachable (torchvision downloads {URL} into <dir>/{OFFICIAL_DIR}), unpack "
+        f"that file at <dir>/{OFFICIAL_DIR}, or put an image-folder export at <dir>/{JPEG_DIR}/"
+        "{train,test}/<class>/*.jpg (or train.tar.gz and test.tar.gz there)")
+
+
+def check_data(cfg) -> None:
+    """Before hydra makes a folder: the CIFAR-10 source a run of ``cfg`` would use is on disk
+    and matches its SHA256SUMS, or may still be downloaded (``task.download``)."""
+    from ..paths import REPO
+    order = _order(cfg.task.source)
+    for s in order:
+        where = _on_disk(s, cfg.data_dir)
+        if where is not None:
+            identity(s, where, Path(REPO, cfg.results_dir, "cache"), remember=False)
+            return
+    if not ("torchvision" in order and cfg.task.download):
+        raise _not_found(cfg.data_dir, order, ["download disabled"])
+
+
 def load_cifar10(data_dir=None, cache_dir: str | Path | None = None, source: str = "auto",
                  download: bool = True) -> Cifar:
-    """CIFAR-10 as uint8 tensors, from the cache when there is one (see the module docstring).
+    """CIFAR-10 as uint8 tensors, from the cache when there is one for this source's content
+    (see the module docstring).
 
     ``source``: ``auto``, ``torchvision`` (official only; downloaded if missing and allowed) or
     ``jpeg`` (the image-folder export only). ``cache_dir=None`` disables the cache.
     """
-    if source not in ("auto", "torchvision", "jpeg"):
-        raise ValueError(f"unknown CIFAR-10 source {source!r}; use auto, torchvision or jpeg")
-    order = {"auto": ["torchvision", "jpeg"], "torchvision": ["torchvision"], "jpeg": ["jpeg"]}[source]
-    # 1. a cache written by an earlier run (the official release first)
-    if cache_dir is not None:
-        for s in order:
-            hit = _load_cache(_cache_path(cache_dir, s))
-            if hit is not None:
-                return hit
-    # 2. data on disk, 3. the download
-    looked, errors = [], []
-    data = None
-    if "torchvision" in order:
-        root = _official_root(data_dir)
-        if root is not None:
-            data = _from_splits(_read_official(root, download=False), "torchvision", str(root / OFFICIAL_DIR))
-        looked += [str(d / OFFICIAL_DIR) for d in datasets.candidate_dirs(data_dir)]
-    if data is None and "jpeg" in order:
-        root = _jpeg_export_dir(data_dir)
-        if root is not None:
-            data = _from_splits(read_jpeg_export(root), "jpeg", str(root))
-        looked += [str(d / JPEG_DIR / "{train,test}{/,.tar.gz}") for d in datasets.candidate_dirs(data_dir)]
-    if data is None and "torchvision" in order and download:
+    order = _order(source)
+    # 1. data on disk: its cache when there is one, else decoded (and cached)
+    for s in order:
+        where = _on_disk(s, data_dir)
+        if where is None:
+            continue
+        sources = identity(s, where, cache_dir)
+        path = _cache_path(cache_dir, s, sources) if cache_dir is not None else None
+        hit = _load_cache(path, sources) if path is not None else None
+        if hit is not None:
+            return hit
+        splits = (_read_official(where.parent, download=False) if s == "torchvision"
+                  else read_jpeg_export(where))
+        data = _from_splits(splits, s, str(where), sources)
+        if path is not None:
+            _save(data, path)
+        return data
+    # 2. the download
+    errors = []
+    if "torchvision" in order and download:
         target = datasets.candidate_dirs(data_dir)[0]
+        made = [p for p in (target, target / URL.rsplit("/", 1)[1], target / OFFICIAL_DIR)
+                if not p.exists()]
         try:
-            data = _from_splits(_read_official(target, download=True), "torchvision",
-                                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz")
+            splits = _read_official(target, download=True)
         except Exception as err:  # no internet, no write access, ...
             errors.append(f"download into {target} failed ({type(err).__name__}: {err})")
-    if data is None:
-        if "torchvision" in order and not download:
-            errors.append("download disabled")
-        raise DataNotFoundError(
-            "CIFAR-10 not found; looked in:\n  " + "\n  ".join(looked)
-            + ("\n" + "\n".join(errors) if errors else "")
-            + "\nGet it in one of these ways, then pass data_dir=<dir> or set GLUON_DATA_DIR=<dir>:"
-            "\n  * run once where the internet is reachable (torchvision downloads the official "
-            f"release into <dir>/{OFFICIAL_DIR});"
-            "\n  * put https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz unpacked at "
-            f"<dir>/{OFFICIAL_DIR};"
-            f"\n  * or put an image-folder export at <dir>/{JPEG_DIR}/{{train,test}}/<class>/*.jpg "
-            "(or as train.tar.gz and test.tar.gz there).")
-    if cache_dir is not None:
-        _save(data, _cache_path(cache_dir, data.source))
-    return data
+            for p in made:        # a failed download leaves nothing behind
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        else:
+            sources = identity("torchvision", target / OFFICIAL_DIR, cache_dir)
+            data = _from_splits(splits, "torchvision", URL, sources)
+            if cache_dir is not None:
+                _save(data, _cache_path(cache_dir, "torchvision", sources))
+            return data
+    elif "torchvision" in order:
+        errors.append("download disabled")
+    raise _not_found(data_dir, order, errors)
 
 
 # ------------------------------------------------------------------ tensors in, tensors out

@@ -8,10 +8,16 @@ one parameter block with the Euclidean LMO. Objective of worker tau on its shard
 with the bias regularised too (so f is strongly convex and f* unique). The global objective f
 is the mean of the workers' objectives; with equal shards it is the full-data objective.
 Gradients are closed form: autograd would cost more than the whole step.
+
+The data file is known by its SHA-256 (checked against ``SHA256SUMS`` beside it, when there is
+one) and its row count; f* is cached under that identity, so a changed file is never paired
+with another file's f*.
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import warnings
 from pathlib import Path
@@ -24,20 +30,65 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..paths import REPO, libsvm_file
+from ..paths import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, verify
 from ..run.atomic import atomic_write_text
 from . import Built
 from .sharding import HETEROGENEITY, split
 
 N_FEATURES = 123
+log = logging.getLogger("experiments.run")
 
 
 def load_libsvm(path: str | Path, n_features: int = N_FEATURES) -> tuple[Tensor, Tensor]:
-    """(A, b): A dense float32 with a trailing column of ones (bias), b in {-1, +1}."""
-    X, y = load_svmlight_file(str(path), n_features=n_features)
+    """(A, b): A dense float32 with a trailing column of ones (bias), b in {-1, +1}. A file
+    that is not LIBSVM text is a DataCorruptError naming its first bad line."""
+    try:
+        X, y = load_svmlight_file(str(path), n_features=n_features)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DataCorruptError(_bad_line(path, n_features, err)) from None
     A = np.hstack([X.toarray(), np.ones((X.shape[0], 1))]).astype(np.float32)
     b = np.where(y > 0, 1.0, -1.0).astype(np.float32)
     return torch.from_numpy(A), torch.from_numpy(b)
+
+
+def _bad_line(path, n_features: int, err: Exception) -> str:
+    """Where a LIBSVM file stops being LIBSVM text ("label index:value ..."), in two lines."""
+    fix = f"the file is damaged: get it again ({LIBSVM_URL.format(name=Path(path).name)})"
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh, 1):
+            line = raw.split(b"#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                fields = line.decode().split()
+                float(fields[0])
+                for f in fields[1:]:
+                    index, value = f.split(":")
+                    if not 1 <= int(index) <= n_features:
+                        raise ValueError(f"feature index {index} outside 1..{n_features}")
+                    float(value)
+            except (ValueError, UnicodeDecodeError, IndexError) as bad:
+                shown = raw.decode(errors="replace").strip()
+                return (f"{path} line {i} is not a LIBSVM row ({shown[:40]!r}: {bad})\n  {fix}")
+    return f"{path} cannot be read as LIBSVM text ({err})\n  {fix}"
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, size: int, mtime_ns: int) -> tuple[Tensor, Tensor]:
+    return load_libsvm(path)
+
+
+def load_dataset(name: str, data_dir=None, cache_dir=None, download: bool = True,
+                 remember: bool = True):
+    """(A, b, identity) of LIBSVM dataset ``name``: located (downloaded if allowed), checked
+    against ``SHA256SUMS`` beside it, parsed once per process and file version. ``identity``:
+    ``{"file", "sha256", "rows"}``. ``remember``: keep the file's hash in ``cache_dir``."""
+    path = libsvm_file(name, data_dir, download=download)
+    digest = verify(path, cache_dir, remember=remember,
+                    fix=f"get it again ({LIBSVM_URL.format(name=name)}) or fix SHA256SUMS")
+    st = path.stat()
+    A, b = _parsed(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    return A, b, {"file": str(path), "sha256": digest, "rows": len(b)}
 
 
 class LogRegOracle(Oracle):
@@ -126,7 +177,8 @@ def solve_f_star(A: Tensor, b: Tensor, l2: float, tol: float = 1e-10, max_iter: 
 
 
 def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
-    """f* computed once per (dataset, l2, split) and cached as JSON beside the results.
+    """f* computed once per ``key`` (the data's content hash and row count, l2, the split) and
+    cached as JSON beside the results.
 
     The jobs of a sweep or SLURM array may all compute it at once on a fresh checkout: the file
     is written atomically (a private temporary file, then a rename; experiments.run.atomic), so a
@@ -159,8 +211,38 @@ def check(cfg) -> None:
     if cfg.task.heterogeneity not in HETEROGENEITY:
         raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
                          f"{', '.join(HETEROGENEITY)}")
-    if cfg.task.l2 < 0:
-        raise ValueError(f"task.l2={cfg.task.l2}: must be >= 0")
+    if not 0 <= cfg.task.l2 < math.inf:
+        raise ValueError(f"task.l2={cfg.task.l2}: must be a finite number >= 0")
+
+
+def _cache_dir(cfg) -> Path:
+    return Path(REPO, cfg.results_dir, "cache")
+
+
+def check_data(cfg) -> None:
+    """The data a run of ``cfg`` needs, before hydra makes a folder: the file exists (or can
+    be downloaded), matches SHA256SUMS, parses, and has a row for every worker. Writes
+    nothing, except a download."""
+    from ..run.config import ConfigError, plain
+    cfg = plain(cfg)
+    _, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg), remember=False)
+    if cfg.n_workers > data["rows"]:
+        raise ConfigError(f"n_workers={cfg.n_workers}: {cfg.task.dataset} has {data['rows']} "
+                          f"examples, so at most {data['rows']} workers (one example each)")
+
+
+def shard_note(rows: int, n_workers: int, batch_size: int) -> str | None:
+    """One line when the split is not what a reader would assume: a shard smaller than a
+    minibatch, or more than 1% of the rows left over by equal shards; else None."""
+    size, left = rows // n_workers, rows % n_workers
+    notes = []
+    if size < batch_size:
+        notes.append(f"each worker's shard has {size} examples, fewer than batch_size="
+                     f"{batch_size}: a minibatch draws {batch_size} of them with replacement")
+    if left and (size < batch_size or left > 0.01 * rows):
+        notes.append(f"the {left} rows ({left / rows:.0%}) left over by {n_workers} equal shards "
+                     "are not used")
+    return f"n_workers={n_workers}, batch_size={batch_size}: " + "; ".join(notes) if notes else None
 
 
 def build(cfg, compressor, world=None) -> Built:
@@ -168,12 +250,17 @@ def build(cfg, compressor, world=None) -> Built:
     evaluation (f(x) - f* on the full training set) and what the summary records."""
     from ..run.config import method_hparams, plain
     cfg = plain(cfg)
-    A, b = load_libsvm(libsvm_file(cfg.task.dataset, cfg.data_dir))
+    A, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg))
+    note = shard_note(len(b), cfg.n_workers, cfg.batch_size)
+    if note:
+        log.warning("[data] %s", note)
     shards = split(len(b), cfg.n_workers, cfg.task.split_seed, b, cfg.task.heterogeneity)
     used = torch.cat(shards)
+    data["used"] = len(used)
     f, _ = objective(A[used], b[used], cfg.task.l2)
-    fstar = cached_f_star(A[used], b[used], cfg.task.l2, Path(REPO, cfg.results_dir, "cache"),
-                          {"dataset": cfg.task.dataset, "n_workers": cfg.n_workers,
+    fstar = cached_f_star(A[used], b[used], cfg.task.l2, _cache_dir(cfg),
+                          {"dataset": cfg.task.dataset, "sha256": data["sha256"][:16],
+                           "rows": data["rows"], "n_workers": cfg.n_workers,
                            "split_seed": cfg.task.split_seed, "heterogeneity": cfg.task.heterogeneity,
                            "l2": cfg.task.l2})
     comm = world.comm(cfg.n_workers, cfg.seed) if world is not None else None
@@ -188,4 +275,5 @@ def build(cfg, compressor, world=None) -> Built:
         loss = f(m.params[0].double().numpy())
         return {"loss": loss, "gap": loss - fstar["f_star"]}
 
-    return Built(method, evaluate, {"f_star": fstar["f_star"], "f_star_info": fstar})
+    return Built(method, evaluate, {"f_star": fstar["f_star"], "f_star_info": fstar,
+                                    "data_file": data})
