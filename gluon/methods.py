@@ -345,8 +345,8 @@ def _check_scale_by_B(name: str, cls, scale_by_B) -> None:
 
 def check_hparams(*, lr=None, beta=None, q=None, B=None):
     """Reject bad hyperparameters before any compute."""
-    if lr is not None and not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+    if lr is not None and not 0 < lr < float("inf"):
+        raise ValueError(f"lr must be > 0 and finite, got {lr}")
     if beta is not None and not (0.0 <= beta < 1.0):
         raise ValueError(f"beta must lie in [0, 1), got {beta}")
     if q is not None and not (0.0 <= q <= 1.0):

@@ -40,6 +40,13 @@ BAD = [
     ("cnn", ["task.widths=[16,64]"], "task.widths", "three positive"),
     ("cnn", ["eval_every=15", "log_every=10"], "eval_every", "multiple of log_every"),
     ("logreg", ["-m", "method.lr=0.01,-1"], "lr must be > 0", "method.lr=-1"),   # one bad job
+    ("logreg", ["method.lr=inf"], "method=alg1", "lr must be > 0 and finite"),
+    ("logreg", ["method.lr=nan"], "method=alg1", "lr must be > 0 and finite"),
+    ("logreg", ["+stpes=500"], "+stpes", "did you mean steps?"),       # hydra's own advice
+    ("logreg", ["+task.l3=0.1"], "+task.l3", "no such key"),
+    ("cnn", ["+task.widht=3"], "+task.widht", "did you mean task.width"),
+    ("logreg", ["-m", "seed=0,1", "+stpes=5"], "+stpes", "no such key"),
+    ("logreg", ["tuned=fig2_logreg/nope"], "tuned=fig2_logreg/nope", "fig2_logreg/alg1, "),
 ]
 
 

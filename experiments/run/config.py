@@ -232,12 +232,36 @@ def _check(ok: bool, key: str, value, allowed: str) -> None:
         raise ConfigError(f"{key}={value}: {allowed}")
 
 
+def _known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """ConfigError for a key the typed schema does not have: hydra adds any ``+key=value``
+    (its own error for ``stpes=500`` suggests ``+stpes=500``), which would then be ignored."""
+    import difflib
+    from dataclasses import fields, is_dataclass
+    schema = OmegaConf.get_type(cfg)
+    if not is_dataclass(schema):
+        return
+    known = {f.name for f in fields(schema)}
+    for key in cfg.keys():
+        if key == "hydra" and not prefix:
+            continue
+        name = f"{prefix}{key}"
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            raise ConfigError(f"+{name}: no such key" + (f" (did you mean {prefix}{close[0]}?)"
+                                                          if close else "")
+                              + "; --help lists the keys")
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            _known_keys(node, f"{name}.")
+
+
 def validate(cfg: DictConfig, task=None, check_world: bool = True):
     """Every check that can fail, before any data is loaded or compute spent: the run's keys,
     the method with its compressor, the task's own ``check(cfg)`` and, for ``comm=torchdist``,
     the processes started (``check_world``; a launcher that will start them, SLURM with one
     task per worker, checks them in the job). Returns the compressor. Raises :class:`ConfigError`."""
     from .world import check_env
+    _known_keys(cfg)
     cfg = plain(cfg)
     _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
     _check(cfg.batch_size >= 1, "batch_size", cfg.batch_size, "must be >= 1")
