@@ -76,8 +76,9 @@ def grid_edges(table: list[dict], name: str, chosen: dict) -> list[str]:
 
 
 def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
-    body = OmegaConf.to_yaml(OmegaConf.create({"method": cfg["method"],
-                                               "compressor": cfg["compressor"]}))
+    given = lambda node: {k: v for k, v in node.items() if v is not None}   # unset: the default
+    body = OmegaConf.to_yaml(OmegaConf.create({"method": given(cfg["method"]),
+                                               "compressor": given(cfg["compressor"])}))
     return (f"# @package _global_\n# Written by paper/select_tuned.py from {source}.\n"
             f"# Criterion: {criterion}; score {score:.4f} (lower is better).\n"
             f"defaults:\n  - override /method: {cfg['method']['name']}\n"
