@@ -18,6 +18,7 @@ checkpoint and resumes.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -67,7 +68,12 @@ def job_key() -> str | None:
 
 
 def save(path: str | Path, payload: dict) -> None:
-    atomic_write(path, lambda fh: torch.save(payload, fh))
+    """Serialised in memory first, so that a write refused by the disk is a plain OSError
+    (torch.save's zip writer turns one into a RuntimeError)."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getbuffer()
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def leftovers(path: str | Path) -> list[Path]:

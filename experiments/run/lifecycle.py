@@ -108,15 +108,23 @@ def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = No
     try:
         with RunLock(run_dir, enabled=world.writer):
             return _execute(cfg, config, run_dir, task, world, compressor)
-    except OSError as err:
-        if not environmental(err):
+    except Exception as err:
+        cause = environmental(err)
+        if cause is None:
             raise
-        raise EnvironmentProblem(_stopped(err, run_dir / _checkpoint_name(world))) from None
+        raise EnvironmentProblem(_stopped(cause, run_dir / _checkpoint_name(world))) from None
 
 
-def environmental(err: BaseException) -> bool:
-    """A write refused by the machine (full disk, read-only folder), not a bug of the run."""
-    return isinstance(err, OSError) and err.errno in FULL + READ_ONLY
+def environmental(err: BaseException | None) -> OSError | None:
+    """The write refused by the machine (full disk, read-only folder) behind ``err``, if that
+    is what ``err`` is or was raised while handling, else None (a bug of the run)."""
+    for _ in range(8):
+        if err is None:
+            return None
+        if isinstance(err, OSError) and err.errno in FULL + READ_ONLY:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _stopped(err: OSError, checkpoint: Path) -> str:
@@ -223,9 +231,9 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
                            on_log=record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
                            log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
         except Exception as err:
-            if interrupted or environmental(err):   # e.g. submitit: "timed-out too many
-                record.abort()                        # times"; a full disk: the checkpoint
-                raise                                 # is kept and resumes the run
+            if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
+                record.abort()            # too many times"; a full disk: the checkpoint
+                raise                     # is kept and resumes the run
             record.finish("failed", error=traceback.format_exc(), **built.summary)
             path.unlink(missing_ok=True)      # a failure is re-run from scratch
             raise
