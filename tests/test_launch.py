@@ -6,7 +6,6 @@ hydra-submitit-launcher would (experiments.run.sweep.sbatch_script) and checks i
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,12 +27,8 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_S
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("results")
-    (out / "cache").mkdir()
-    for f in (REPO / "results" / "cache").glob("fstar-*.json"):   # f* once, not per job
-        shutil.copy(f, out / "cache" / f.name)
-    return out
+def results(results_with_cache):
+    return results_with_cache          # f* computed once, not by every job
 
 
 def hydra_cfg(*overrides):
