@@ -1,0 +1,586 @@
+"""The network cost model (docs/cost.md): a finished run re-costed for any network.
+
+    python -m paper.cost table    # crossover bandwidths -> results/cost/crossover.{csv,md}
+    python -m paper.cost plot     # figures/fig_cost_{a5a,cnn}.png (a), (b), (c)
+    python -m paper.cost all      # both (make fig-cost)
+
+Every logged row carries what a worker has spent so far (``gluon.engine.train``): ``grads``
+(minibatch gradients), ``bytes`` (its uplink messages), ``up_bytes``/``down_bytes`` (what the
+torch.distributed backend's ring collectives move), ``star_down_bytes`` (what a server sends it
+in a star), ``rounds`` (message exchanges), ``hops`` (sequential point-to-point steps of the
+backend's collectives, the coin's broadcast included) and ``compute_s``. The modelled wall time
+at a row is a function of those columns and of the network (bandwidth both ways, latency, the
+bytes each message costs beyond its payload) and of the compute time per gradient measured by
+``make bench``/``make bench-cnn`` (results/bench/), so runs are never recomputed:
+
+    star (a server; federated):  T = compute + 2 L rounds
+                                     + 8 ((1 + h) bytes + F rounds) / U
+                                     + 8 ((1 + h) star_down_bytes + F rounds) / D
+    ring (the backend):          T = compute + L hops
+                                     + max(8 ((1 + h) up_bytes + F hops) / U,
+                                           8 ((1 + h) down_bytes + F hops) / D)
+    compute = grads t_grad + steps t_step(method)
+
+with U, D the uplink and downlink bandwidth (bit/s), L the latency of a hop (s), F the bytes a
+message costs on the wire beyond its payload and h the header share of a full TCP segment
+(both measured on the shaped network, results/cost/network.json). Communication and compute do
+not overlap. The time to a level is the modelled time at the first row where the run's smoothed
+curve (docs/statistics.md) reaches it; with U = B and D = r B that time is A + C / B, so the
+bandwidth below which a method reaches Gluon's final level first is (C_gluon - C_m) / (A_m -
+A_gluon) for the means over seeds, and its interval comes from resampling the seeds in pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path("results/cost")
+FIG = Path("figures")
+BENCH = Path("results/bench")
+NETWORK = OUT / "network.json"
+COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", "hops")
+TOPOLOGIES = ("star", "ring")
+BANDWIDTHS = (10e6, 1e9, 100e9)                 # bit/s: the three of panel (b)
+SWEEP = np.logspace(6, 11, 201)                 # bit/s: 1 Mbit/s to 100 Gbit/s, panel (c)
+TASK_NAMES = {"logreg": "a5a", "cnn": "cnn"}
+COMPRESSED = ("alg1", "alg2", "alg3", "alg4", "ef21_muon", "vr_marina")
+RESAMPLES = 2000
+
+
+# ---------------------------------------------------------------- the model
+
+@dataclass(frozen=True)
+class Network:
+    """A network: uplink ``up_bps`` and downlink ``down_bps`` per worker (bit/s; None: the
+    uplink's), ``latency_s`` per hop, ``frame_bytes`` F per message and hop beyond the payload,
+    ``header_share`` h of the payload (TCP/IP headers of full segments), and the topology."""
+    up_bps: float
+    down_bps: float | None = None
+    latency_s: float = 0.0
+    frame_bytes: float = 0.0
+    header_share: float = 0.0
+    topology: str = "star"
+
+    def __post_init__(self):
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if not self.up_bps > 0 or (self.down_bps is not None and not self.down_bps > 0):
+            raise ValueError("bandwidths must be > 0 bit/s")
+        if self.latency_s < 0 or self.frame_bytes < 0 or self.header_share < 0:
+            raise ValueError("latency, frame bytes and header share must be >= 0")
+
+    @property
+    def down(self) -> float:
+        return self.up_bps if self.down_bps is None else self.down_bps
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Compute time per worker: ``grad_s`` per minibatch gradient, ``step_s[method]`` for the
+    rest of a step (compression, averaging, LMO, bookkeeping); ``source`` says where from."""
+    grad_s: float
+    step_s: dict = field(default_factory=dict)
+    source: str = ""
+
+    def of(self, method: str, grads, steps):
+        return np.asarray(grads, float) * self.grad_s + \
+            np.asarray(steps, float) * self.step_s.get(method, 0.0)
+
+
+def columns(rows: list[dict]) -> dict[str, np.ndarray]:
+    """The cost columns of a run's rows as arrays (KeyError names a missing column)."""
+    missing = [c for c in ("step", "bytes", *COST_COLUMNS) if c not in rows[0]]
+    if missing:
+        raise KeyError(f"rows without {missing}: written before the cost columns existed")
+    return {k: np.array([r[k] for r in rows], float)
+            for k in ("step", "bytes", *COST_COLUMNS, "compute_s") if k in rows[0]}
+
+
+def split_time(cols: dict, method: str, net: Network, compute: Compute | None):
+    """(A, C_up, C_down) at every row: the modelled time is A + C_up / U + C_down / D for the
+    star and A + max(C_up / U, C_down / D) for the ring. ``compute`` None: the rows' own
+    measured ``compute_s``."""
+    comp = cols["compute_s"] if compute is None else compute.of(method, cols["grads"], cols["step"])
+    h, F = net.header_share, net.frame_bytes
+    if net.topology == "star":
+        lat = 2 * net.latency_s * cols["rounds"]
+        up = 8 * ((1 + h) * cols["bytes"] + F * cols["rounds"])
+        down = 8 * ((1 + h) * cols["star_down_bytes"] + F * cols["rounds"])
+    else:
+        lat = net.latency_s * cols["hops"]
+        up = 8 * ((1 + h) * cols["up_bytes"] + F * cols["hops"])
+        down = 8 * ((1 + h) * cols["down_bytes"] + F * cols["hops"])
+    return comp + lat, up, down
+
+
+def modelled_time(cols: dict, method: str, net: Network, compute: Compute | None) -> np.ndarray:
+    """Modelled wall time (s) at every row of a run (docs/cost.md)."""
+    a, up, down = split_time(cols, method, net, compute)
+    if net.topology == "star":
+        return a + up / net.up_bps + down / net.down
+    return a + np.maximum(up / net.up_bps, down / net.down)
+
+
+# ---------------------------------------------------------------- compute from make bench
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|") and "---" not in line]
+
+
+def bench_compute(task: str, bench: Path = BENCH) -> Compute:
+    """Compute time per worker from the committed benchmark tables.
+
+    a5a (results/bench/logreg.md, ``make bench``: n = 4 simulated workers, best of 3 timings):
+    t_grad = Gluon's time x its gradient share / (steps n), Gluon taking one minibatch gradient
+    per worker and step; t_step(method) = the method's time x (1 - its gradient share) /
+    (steps n). CNN (results/bench/cnn.md, ``make bench-cnn``): the CPU ms per step of the
+    gradients and of the whole step, per method, the same way."""
+    if TASK_NAMES.get(task, task) == "a5a":
+        text = (bench / "logreg.md").read_text()
+        head = re.search(r"n = (\d+) workers, (\d+) steps", text)
+        n, steps = int(head[1]), int(head[2])
+        rows = {r[0]: r for r in _table_rows(text)[1:]}
+        pct = lambda s: float(s.rstrip("%")) / 100
+        g = rows["gluon"]
+        grad_s = float(g[2]) * pct(g[3]) / (steps * n)
+        step_s = {m: float(r[2]) * (1 - pct(r[3])) / (steps * n) for m, r in rows.items()}
+        return Compute(grad_s, step_s, f"{bench / 'logreg.md'} (make bench)")
+    text = (bench / "cnn.md").read_text()
+    n = int(re.search(r"n = (\d+) workers", text)[1])
+    step_s, grads = {}, {}
+    for sec in re.split(r"^### ", text, flags=re.M)[1:]:
+        method = sec.split(":")[0].strip()
+        rows = {r[0]: r for r in _table_rows(sec)}
+        g, whole = float(rows["gradients (fwd+bwd)"][2]), float(rows["whole step"][2])
+        grads[method] = g
+        step_s[method] = (whole - g) / 1e3 / n
+    return Compute(grads["gluon"] / 1e3 / n, step_s, f"{bench / 'cnn.md'} (make bench-cnn)")
+
+
+def measured_network(path: Path = NETWORK) -> dict:
+    """Frame bytes, header share and latency measured on the shaped network (scripts/shaped.py),
+    or zeros (payload only) when it has not been measured."""
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"frame_bytes": 0.0, "header_share": 0.0, "latency_s": 0.0, "source": "not measured"}
+
+
+# ---------------------------------------------------------------- runs and levels
+
+@dataclass
+class Panel:
+    task: str
+    metric: str
+    window: float
+    budget: float
+    runs: dict            # method -> [Run] sorted by seed
+    note: str = ""
+
+
+def load_panel(task: str, sweep: str | None = None) -> Panel:
+    """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
+    they lack the cost columns)."""
+    from paper.fig2 import TASKS, _order
+    from paper.statistics import group_runs, load_runs
+    spec = TASKS[task]
+    root = Path(sweep or spec["sweep"])
+    runs = load_runs(root) if root.exists() else []
+    if not runs:
+        return Panel(task, spec["metric"], spec["window"], spec["budget"], {},
+                     f"no {TASK_NAMES[task]} panel runs under {root} (make fig2-{task})")
+    old = [r for r in runs if any(c not in r.rows[0] for c in COST_COLUMNS)]
+    if old:
+        return Panel(task, spec["metric"], spec["window"], spec["budget"], {},
+                     f"{len(old)} of the {len(runs)} runs under {root} were written before the "
+                     f"cost columns existed (make clean, then make fig2-{task})")
+    by = {}
+    for group in group_runs(runs).values():
+        by[group[0].config["method"]["name"]] = sorted(group, key=lambda r: r.config["seed"])
+    budget = float(runs[0].config.get("max_comm") or spec["budget"])
+    return Panel(task, spec["metric"], spec["window"], budget,
+                 dict(sorted(by.items(), key=lambda kv: _order(kv[0]))))
+
+
+def gluon_level(panel: Panel) -> float:
+    """Gluon's final level: the level its smoothed curves hold over the last 10% of the budget
+    (docs/statistics.md, the level of Fig. 2's reduction table)."""
+    from paper.statistics import final_level
+    return final_level(panel.runs["gluon"], panel.metric, panel.budget, panel.window)
+
+
+def first_row(run, metric: str, window: float, level: float) -> int | None:
+    """The first row where the run's smoothed curve is at or below ``level`` (None: never)."""
+    from paper.statistics import run_curve
+    _, sm = run_curve(run, metric, window)
+    idx = np.nonzero(sm <= level)[0]
+    return int(idx[0]) if idx.size else None
+
+
+def hits(panel: Panel, level: float) -> dict[str, dict[int, int | None]]:
+    """method -> seed -> first row reaching ``level``; Gluon's seeds that never reach it are
+    censored at their last row (as the reduction table censors them at the budget)."""
+    out = {}
+    for m, runs in panel.runs.items():
+        out[m] = {}
+        for r in runs:
+            i = first_row(r, panel.metric, panel.window, level)
+            if i is None and m == "gluon":
+                i = len(r.rows) - 1
+            out[m][r.config["seed"]] = i
+    return out
+
+
+def time_terms(panel: Panel, level: float, net: Network, compute: Compute | None,
+               ratio: float = 1.0) -> dict[str, dict]:
+    """Per method: seeds, and per seed (A, C) with T(B) = A + C / B at the first row reaching
+    ``level``, for an uplink of B bit/s and a downlink of ``ratio`` B. Seeds that never reach
+    it are NaN."""
+    out = {}
+    for m, hm in hits(panel, level).items():
+        seeds = sorted(hm)
+        A, C = [], []
+        for r in panel.runs[m]:
+            i = hm[r.config["seed"]]
+            if i is None:
+                A.append(math.nan)
+                C.append(math.nan)
+                continue
+            cols = {k: v[i:i + 1] for k, v in columns(r.rows).items()}
+            a, up, down = (float(x[0]) for x in split_time(cols, m, net, compute))
+            A.append(a)
+            C.append(up + down / ratio if net.topology == "star" else max(up, down / ratio))
+        out[m] = {"seeds": seeds, "A": np.array(A), "C": np.array(C)}
+    return out
+
+
+def crossover(a_m, c_m, a_g, c_g) -> tuple[float, str]:
+    """The bandwidth B* where A_m + C_m / B = A_g + C_g / B, and on which side the method is
+    first: "below" (first for B < B*), "above", "always" (B* = inf) or "never" (B* = 0)."""
+    da, dc = a_m - a_g, c_m - c_g
+    if da <= 0 and dc <= 0:
+        return (math.inf, "always") if (da < 0 or dc < 0) else (math.nan, "tie")
+    if da >= 0 and dc >= 0:
+        return 0.0, "never"
+    return dc / -da if da > 0 else -dc / da, ("below" if da > 0 else "above")
+
+
+def crossover_rows(panel: Panel, level: float, net: Network, compute: Compute | None,
+                   label: str, ratio: float = 1.0, seed: int = 0) -> list[dict]:
+    """Per method: the crossover bandwidth against Gluon (means over seeds) with a 95%
+    percentile interval from resampling the seeds in pairs (the same seeds for both)."""
+    terms = time_terms(panel, level, net, compute, ratio)
+    g = terms["gluon"]
+    rng = np.random.default_rng(seed)
+    out = []
+    for m, t in terms.items():
+        if m == "gluon":
+            continue
+        if t["seeds"] != g["seeds"]:
+            raise ValueError(f"{m} and gluon need runs for the same seeds: {t['seeds']} vs "
+                             f"{g['seeds']}")
+        reached = int(np.sum(~np.isnan(t["A"])))
+        row = {"task": TASK_NAMES[panel.task], "model": label, "topology": net.topology,
+               "latency_ms": 1e3 * net.latency_s, "frame_bytes": net.frame_bytes,
+               "header_share": net.header_share, "down_over_up": ratio, "method": m,
+               "level": level, "seeds": len(t["seeds"]), "seeds_reached": reached,
+               "crossover_bps": math.nan, "ci_low_bps": math.nan, "ci_high_bps": math.nan,
+               "side": "not reached"}
+        for b in BANDWIDTHS:
+            row[f"time_ratio_at_{b:.0e}"] = math.nan
+        if reached == len(t["seeds"]):
+            point, side = crossover(t["A"].mean(), t["C"].mean(), g["A"].mean(), g["C"].mean())
+            idx = rng.integers(0, len(t["seeds"]), size=(RESAMPLES, len(t["seeds"])))
+            boot = np.array([crossover(t["A"][i].mean(), t["C"][i].mean(), g["A"][i].mean(),
+                                       g["C"][i].mean())[0] for i in idx])
+            boot = boot[~np.isnan(boot)]
+            lo, hi = np.quantile(boot, [0.025, 0.975], method="inverted_cdf")
+            row.update(crossover_bps=point, side=side, ci_low_bps=float(lo), ci_high_bps=float(hi))
+            for b in BANDWIDTHS:
+                row[f"time_ratio_at_{b:.0e}"] = float(np.mean(t["A"] + t["C"] / b)
+                                                      / np.mean(g["A"] + g["C"] / b))
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------- the models the table shows
+
+def models(measured: dict) -> list[tuple[str, Network]]:
+    """(label, network at 1 bit/s) of every model the crossover table reports: payload only
+    (no latency, no framing), the framing measured on the shaped network, and that plus 1 ms of
+    latency a hop; each for the star and the ring."""
+    F, h = float(measured.get("frame_bytes", 0.0)), float(measured.get("header_share", 0.0))
+    out = []
+    for topo in TOPOLOGIES:
+        out.append(("payload only", Network(1.0, topology=topo)))
+        out.append(("measured framing", Network(1.0, frame_bytes=F, header_share=h, topology=topo)))
+        out.append(("measured framing, 1 ms latency",
+                    Network(1.0, latency_s=1e-3, frame_bytes=F, header_share=h, topology=topo)))
+    return out
+
+
+_SAID: set[str] = set()
+
+
+def say(note: str) -> None:
+    """Print a note once per process (``all`` makes the table and the figures)."""
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note)
+
+
+def _bps(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "any"
+    if x == 0:
+        return "0"
+    for unit, f in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if x >= f:
+            return f"{x / f:.3g} {unit}"
+    return f"{x:.3g} bit/s"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| task | topology | model | method | reaches Gluon's level (seeds) | first below "
+             "(bandwidth) [95% CI over seeds] | time / Gluon's at 10 Mbit/s | at 1 Gbit/s | "
+             "at 100 Gbit/s |", "|---|---|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        if r["side"] == "not reached":
+            cross = "-"
+        elif r["side"] == "never":
+            cross = "never (at no bandwidth)"
+        elif r["side"] in ("below", "always"):
+            cross = (f"{_bps(r['crossover_bps'])} [{_bps(r['ci_low_bps'])}, "
+                     f"{_bps(r['ci_high_bps'])}]")
+        else:
+            cross = f"first *above* {_bps(r['crossover_bps'])} [{_bps(r['ci_low_bps'])}, " \
+                    f"{_bps(r['ci_high_bps'])}]"
+        ratios = " | ".join("-" if math.isnan(r[f"time_ratio_at_{b:.0e}"]) else
+                            f"{r[f'time_ratio_at_{b:.0e}']:.2f}" for b in BANDWIDTHS)
+        lines.append(f"| {r['task']} | {r['topology']} | {r['model']} | {r['method']} | "
+                     f"{r['seeds_reached']}/{r['seeds']} | {cross} | {ratios} |")
+    return "\n".join(lines) + "\n"
+
+
+def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
+    from experiments.run.atomic import atomic_write_text
+    from paper.statistics import write_csv
+    measured = measured_network()
+    rows, notes = [], []
+    for task in tasks:
+        panel = load_panel(task)
+        if not panel.runs:
+            notes.append(panel.note)
+            say(panel.note)
+            continue
+        compute = None if compute_source == "measured" else bench_compute(task)
+        level = gluon_level(panel)
+        for label, net in models(measured):
+            rows += crossover_rows(panel, level, net, compute, label)
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, OUT / "crossover.csv")
+    text = markdown(rows) if rows else ""
+    src = measured.get("source", "not measured")
+    text += (f"\nFraming measured on the shaped network ({src}): F = "
+             f"{measured.get('frame_bytes', 0):.0f} bytes a message and hop, h = "
+             f"{100 * measured.get('header_share', 0):.1f}% of the payload. Compute: "
+             f"{compute_source}. Uplink = downlink.\n")
+    print(text)
+    atomic_write_text(OUT / "crossover.md", text + "".join(f"\n{n}\n" for n in notes))
+    return rows
+
+
+# ---------------------------------------------------------------- the figures
+
+def _grid_curve(runs, metric, window, x_of, grid):
+    """Per grid point: geometric mean over seeds of the smoothed metric as a step function of
+    x (the last row with x <= grid point; NaN past a run's end), and a 95% bootstrap band."""
+    from paper.statistics import run_curve
+    vals = []
+    for r in runs:
+        _, sm = run_curve(r, metric, window)
+        x = x_of(r)
+        idx = np.searchsorted(x, grid, side="right") - 1
+        v = np.where(idx >= 0, sm[np.clip(idx, 0, None)], np.nan)
+        v[grid > x[-1] * (1 + 1e-12)] = np.nan
+        vals.append(v)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lv = np.log(np.clip(np.array(vals), 1e-300, None))
+        mean = np.exp(lv.mean(0))
+        boot = np.random.default_rng(0).integers(0, len(runs), size=(RESAMPLES, len(runs)))
+        lo, hi = np.exp(np.quantile(lv[boot].mean(1), [0.025, 0.975], axis=0))
+    return mean, lo, hi
+
+
+def plot(tasks=("logreg", "cnn"), out: Path = FIG) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from paper.fig2 import LABELS, TASKS, _order
+
+    measured = measured_network()
+    net0 = Network(1.0, frame_bytes=float(measured.get("frame_bytes", 0.0)),
+                   header_share=float(measured.get("header_share", 0.0)), topology="star")
+    ideal = Network(1.0, topology="star")
+    written = []
+    for task in tasks:
+        panel = load_panel(task)
+        if not panel.runs:                  # one line, no figure
+            say(panel.note)
+            continue
+        fig, grid_axes = plt.subplots(2, 3, figsize=(17, 9.5))
+        axes = [grid_axes[0, 0], grid_axes[0, 1], grid_axes[0, 2], grid_axes[1, 0],
+                grid_axes[1, 1]]
+        legend_ax = grid_axes[1, 2]
+        legend_ax.axis("off")
+        name = TASK_NAMES[task]
+        path = out / f"fig_cost_{name}.png"
+        compute = bench_compute(task)
+        level = gluon_level(panel)
+        ylabel = TASKS[task]["ylabel"]
+        color = {m: f"C{_order(m) % 10}" for m in panel.runs}
+        # (a) against gradient evaluations
+        ax = axes[0]
+        gmax = max(max(r.rows[-1]["grads"] for r in rs) for rs in panel.runs.values())
+        grid = np.geomspace(1.0, gmax, 400)
+        for m, runs in panel.runs.items():
+            mean, lo, hi = _grid_curve(runs, panel.metric, panel.window,
+                                       lambda r: columns(r.rows)["grads"], grid)
+            ax.plot(grid, mean, color=color[m], lw=1.5, label=LABELS.get(m, m))
+            ax.fill_between(grid, lo, hi, color=color[m], alpha=0.2, lw=0)
+        ax.set_xlabel("gradient evaluations per worker (minibatches)")
+        ax.set_title(f"(a) {name}: against compute", fontsize=10)
+        # (b) against modelled wall-clock at three bandwidths
+        for ax, bw in zip(axes[1:4], BANDWIDTHS):
+            net = replace(net0, up_bps=bw)
+            ends = {m: [modelled_time(columns(r.rows), m, net, compute)[-1] for r in rs]
+                    for m, rs in panel.runs.items()}
+            tmax = max(max(v) for v in ends.values())
+            tmin = min(min(modelled_time(columns(r.rows), m, net, compute)[1] for r in rs)
+                       for m, rs in panel.runs.items())
+            grid = np.geomspace(max(tmin, tmax * 1e-5), tmax, 400)
+            for m, runs in panel.runs.items():
+                mean, lo, hi = _grid_curve(
+                    runs, panel.metric, panel.window,
+                    lambda r, m=m: modelled_time(columns(r.rows), m, net, compute), grid)
+                ax.plot(grid, mean, color=color[m], lw=1.5)
+                ax.fill_between(grid, lo, hi, color=color[m], alpha=0.2, lw=0)
+            ax.set_xlabel("modelled wall-clock (s)")
+            ax.set_title(f"(b) {_bps(bw)} up and down, star", fontsize=10)
+        for ax in axes[:4]:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+            ax.axhline(level, color="k", lw=0.6, ls=":")
+            ax.grid(True, which="both", alpha=0.3)
+        handles, labels = axes[0].get_legend_handles_labels()
+        # (c) time to Gluon's final level against bandwidth
+        ax = axes[4]
+        for netc, ls, alpha in ((net0, "-", 0.2), (ideal, "--", 0.0)):
+            terms = time_terms(panel, level, netc, compute)
+            g = terms["gluon"]
+            gmean = np.mean(g["A"][:, None] + g["C"][:, None] / SWEEP, 0)
+            for m, t in terms.items():
+                if np.isnan(t["A"]).any():
+                    continue
+                T = t["A"][:, None] + t["C"][:, None] / SWEEP          # seeds x bandwidths
+                ax.plot(SWEEP, T.mean(0), ls, color=color[m], lw=1.5 if ls == "-" else 0.9)
+                if alpha:
+                    boot = np.random.default_rng(0).integers(0, len(T), (RESAMPLES, len(T)))
+                    lo, hi = np.quantile(T[boot].mean(1), [0.025, 0.975], axis=0)
+                    ax.fill_between(SWEEP, lo, hi, color=color[m], alpha=alpha, lw=0)
+                if m != "gluon":
+                    point, side = crossover(t["A"].mean(), t["C"].mean(), g["A"].mean(),
+                                            g["C"].mean())
+                    if side in ("below", "above") and SWEEP[0] <= point <= SWEEP[-1]:
+                        y = float(np.interp(point, SWEEP, gmean))
+                        ax.plot([point], [y], "o" if ls == "-" else "x", color=color[m], ms=7,
+                                mfc="none" if ls == "--" else color[m])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("bandwidth, up = down (bit/s)")
+        ax.set_ylabel(f"modelled time to Gluon's final level ({level:.3g}) (s)")
+        ax.set_title("(c) time to the level; o: where a method stops beating Gluon", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        solid = ax.plot([], [], "k-", label=f"(c) star, framing F = {net0.frame_bytes:.0f} B a "
+                        f"message, h = {100 * net0.header_share:.1f}%; band: 95% over seeds")
+        dashed = ax.plot([], [], "k--", lw=0.9, label="(c) payload only (x: its crossover)")
+        legend_ax.legend(handles + solid + dashed, labels + [solid[0].get_label(),
+                         dashed[0].get_label()], loc="center", fontsize=9,
+                         title=f"dotted: Gluon's final level, {level:.3g}")
+        fig.suptitle(f"{name}: compute from {compute.source}; latency 0; star topology "
+                     f"(a server, n = {panel.runs['gluon'][0].config['n_workers']} workers); "
+                     "geometric mean over seeds of the smoothed curves, 95% bootstrap band",
+                     fontsize=10)
+        fig.tight_layout()
+        out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        print(f"wrote {path}")
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------- the shaped network
+
+def fit_network(low: dict, high: dict) -> dict:
+    """Frame bytes F, header share h and hop latency L from the calibration loops of
+    scripts/shaped.py at a low and a high rate (each: bytes and seconds per loop, the payload
+    and hops of a loop, the rate, and the big all-reduce's bytes and payload)."""
+    F = (low["tx_per_loop"] - low["payload_per_loop"]) / low["hops_per_loop"]
+    h = max(0.0, (high["big_tx"] - high["big_payload"] - F * high["big_hops"]) / high["big_payload"])
+    wire = low["payload_per_loop"] * (1 + h) + F * low["hops_per_loop"]
+    L = max(0.0, (high["s_per_loop"] - 8 * wire / high["rate_bps"]) / high["hops_per_loop"])
+    return {"frame_bytes": F, "header_share": h, "latency_s": L}
+
+
+def predict_run(res: dict, rate_bps: float, network: dict, compute: Compute) -> dict:
+    """The model's time per step and time to the target for a shaped-network run of
+    scripts/shaped.py (ring topology: the backend), from the run's own cost columns."""
+    net = Network(rate_bps, latency_s=network["latency_s"], frame_bytes=network["frame_bytes"],
+                  header_share=network["header_share"], topology="ring")
+    rows = res["rows"]
+    cols = columns(rows)
+    T = modelled_time(cols, res["method"], net, compute)
+    wall = np.cumsum(res["wall_s"])
+    last = len(rows) - 1 if res["hit"] is None else res["hit"]
+    steps = int(cols["step"][last])
+    wire = 8 * ((1 + net.header_share) * cols["up_bytes"][last] + net.frame_bytes * cols["hops"][last])
+    return {"steps_to_target": steps if res["hit"] is not None else None,
+            "measured_ms_per_step": 1e3 * wall[steps - 1] / steps,
+            "model_ms_per_step": 1e3 * T[last] / steps,
+            "measured_s_to_target": float(wall[steps - 1]) if res["hit"] is not None else None,
+            "model_s_to_target": float(T[last]) if res["hit"] is not None else None,
+            "measured_wire_bytes_per_step": rows[last]["wire_tx_bytes"] / steps,
+            "model_wire_bytes_per_step": wire / 8 / steps,
+            "payload_up_bytes_per_step": cols["up_bytes"][last] / steps,
+            "payload_only_model_s_to_target": float(modelled_time(
+                {k: v[last:last + 1] for k, v in cols.items()}, res["method"],
+                Network(rate_bps, topology="ring"), compute)[0])}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cmd", choices=["table", "plot", "all"])
+    ap.add_argument("--task", choices=["logreg", "cnn"], nargs="+", default=["logreg", "cnn"])
+    ap.add_argument("--compute", choices=["bench", "measured"], default="bench",
+                    help="compute time: make bench's per-gradient time, or the rows' compute_s")
+    args = ap.parse_args(argv)
+    if args.cmd in ("table", "all"):
+        table(args.task, args.compute)
+    if args.cmd in ("plot", "all"):
+        plot(args.task)
+
+
+if __name__ == "__main__":
+    main()

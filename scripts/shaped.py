@@ -1,0 +1,329 @@
+"""Runs on a real shaped network (scripts/shaped_network.sh) against the cost model's predictions.
+
+    python -m scripts.shaped measure [--rates 100kbit 20mbit] [--out results/cost/shaped.csv]
+    python -m scripts.shaped throughput [--bytes 2000000]   # goodput of worker 1 -> worker 0
+    python -m scripts.shaped rank ...                       # one worker (started by the above)
+
+The network must be up (``scripts/shaped_network.sh up``; root). ``measure`` runs, at each rate,
+Gluon and Alg. 1 on a5a at their Fig. 2 settings (configs/tuned/fig2_logreg/) with 2 gloo
+processes, one in each worker's namespace (the torch.distributed backend of ``comm=torchdist``:
+:class:`gluon.distributed.TorchDistComm`), until f - f* reaches the target (Gluon's final level
+in Fig. 2) or ``--max-steps``. Every step is timed on the wall clock (f - f* is evaluated every
+``--eval-every`` steps outside the timed steps, both ranks, then a barrier). Before the runs it
+measures the network's two parameters at each rate with a 1-byte ping-pong between the two
+namespaces (a hop's time is latency + frame/rate: two rates give both). The model
+(paper/cost.py, ring topology, docs/cost.md) then predicts each run's time per step and time to
+the target from the run's own cost columns (grads, up/down bytes, hops), the compute time per
+gradient of ``make bench`` (results/bench/logreg.md) and those two network parameters.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NET_SH = REPO / "scripts" / "shaped_network.sh"
+METHODS = ("gluon", "alg1")
+TARGET = 4.43e-3        # Gluon's final level in Fig. 2 (a5a, f - f*; README, reduction.csv)
+WORKERS = 2
+SETTLE = 1.0            # s: for the frames still queued in HTB to leave before counters are read
+
+
+def sh(*args: str, **kw) -> str:
+    return subprocess.run([str(NET_SH), *args], check=True, capture_output=True, text=True,
+                          **kw).stdout.strip()
+
+
+def iface(rank: int) -> str:
+    return f"{os.environ.get('SHAPED_NAME', 'gfl')}n{rank}"
+
+
+def counters(rank: int) -> dict:
+    """The worker's interface counters (bytes and packets both ways; its own namespace)."""
+    base = Path("/sys/class/net") / iface(rank) / "statistics"
+    return {k: int((base / k).read_text()) for k in ("tx_bytes", "rx_bytes", "tx_packets",
+                                                     "rx_packets")}
+
+
+# ---------------------------------------------------------------- one worker (in a namespace)
+
+def _join():
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    return dist
+
+
+def rank_main(args) -> None:
+    """One rank of a run: build a5a as the entry point does, step with wall-clock timing."""
+    import torch
+    from experiments.run.config import build_compressor, compose
+    from experiments.run.world import open_world
+    from experiments.tasks import logreg as task
+
+    rank = int(os.environ["RANK"])
+    cfg = compose("logreg", f"tuned=fig2_logreg/{args.method}", f"seed={args.seed}",
+                  f"n_workers={WORKERS}", "comm=torchdist", f"steps={args.max_steps}")
+    world = open_world("torchdist")
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    built = task.build(cfg, build_compressor(cfg.compressor), world)
+    m = built.method
+    led = m.comm.ledger
+    wall, cpu, rows = [], [], []
+    hit = None
+
+    def row():
+        return {"step": m.k, "grads": sum(w.grads for w in m.workers), "bytes": led.bytes,
+                **led.totals(), "compute_s": m.compute_s, "time_s": sum(wall),
+                "gap": built.evaluate(m)["gap"]}
+
+    dist.barrier()
+    c0 = counters(rank)
+    while m.k < args.max_steps:
+        t, p = time.perf_counter(), time.process_time()
+        m.step()
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - p)
+        if m.k % args.eval_every == 0:
+            c1 = counters(rank)            # untimed from here: evaluation and a barrier
+            rows.append({**row(), **{f"wire_{k}": c1[k] - c0[k] for k in c0}})
+            if hit is None and rows[-1]["gap"] <= args.target:
+                hit = len(rows) - 1
+            stop = torch.tensor([int(hit is not None)])
+            dist.all_reduce(stop)          # both ranks stop at the same step
+            dist.barrier()
+            if stop.item() and m.k >= args.min_steps:
+                break
+            c0 = {k: c0[k] + counters(rank)[k] - c1[k] for k in c0}   # leave the barrier out
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({
+            "method": args.method, "seed": args.seed, "target": args.target, "hit": hit,
+            "rows": rows, "wall_s": wall, "cpu_s": cpu, "config": {
+                "method": dict(cfg.method), "compressor": dict(cfg.compressor),
+                "n_workers": WORKERS, "batch_size": cfg.batch_size}}, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def calibrate_main(args) -> None:
+    """The network's parameters, measured with collectives alone (no training): ``--n`` loops
+    of what a step sends (a 124-float all-reduce, a 1-float all-gather, two 1-byte broadcasts
+    from rank 0: 5 hops and 500 payload bytes a rank), timed, with the interface counters;
+    with ``--big``, also a 127,096-float all-reduce 3 times (the header share of full segments)."""
+    import torch
+    dist = _join()
+    rank = dist.get_rank()
+    dense, one, bit = torch.ones(124), torch.ones(1), torch.zeros(1, dtype=torch.uint8)
+    out = [torch.empty(1), torch.empty(1)]
+
+    def loop():
+        dist.all_reduce(dense)
+        dist.broadcast(bit, src=0)
+        dist.all_gather(out, one)
+        dist.broadcast(bit, src=0)
+
+    for _ in range(5):                      # warm: connect the pair
+        loop()
+    dist.barrier()
+    c0, t = counters(rank), time.perf_counter()
+    for _ in range(args.n):
+        loop()
+    s_per_loop = (time.perf_counter() - t) / args.n
+    time.sleep(SETTLE)                      # the last frames leave the shaped queue
+    c1 = counters(rank)
+    res = {"s_per_loop": s_per_loop, "tx_per_loop": (c1["tx_bytes"] - c0["tx_bytes"]) / args.n,
+           "payload_per_loop": 496 + 4, "hops_per_loop": 5, "loops": args.n}
+    if args.big:
+        big = torch.ones(127_096)
+        dist.all_reduce(big)
+        dist.barrier()
+        c0 = counters(rank)
+        for _ in range(3):
+            dist.all_reduce(big)
+        time.sleep(SETTLE)
+        c1 = counters(rank)
+        res.update(big_tx=(c1["tx_bytes"] - c0["tx_bytes"]) / 3, big_payload=4 * 127_096,
+                   big_hops=2)
+    tx = torch.tensor([v for k, v in sorted(res.items()) if k.endswith("tx") or
+                       k.endswith("per_loop")], dtype=torch.float64)
+    dist.all_reduce(tx)                     # the two ranks' mean
+    keys = [k for k in sorted(res) if k.endswith("tx") or k.endswith("per_loop")]
+    res.update({k: float(v) / WORKERS for k, v in zip(keys, tx)})
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the parent (root)
+
+def launch(sub: list[str], timeout: float) -> None:
+    """Start rank 0 and rank 1 of ``python -m scripts.shaped SUB`` in their namespaces."""
+    port = 29000 + os.getpid() % 1000
+    procs = []
+    for r in range(WORKERS):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORKERS), LOCAL_RANK=str(r),
+                   MASTER_ADDR=sh("addr", "0"), MASTER_PORT=str(port),
+                   GLOO_SOCKET_IFNAME=iface(r), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([str(NET_SH), "exec", str(r), sys.executable, "-m",
+                                       "scripts.shaped", *sub], env=env, cwd=REPO))
+    try:
+        for p in procs:
+            if p.wait(timeout=timeout) != 0:
+                raise RuntimeError(f"scripts.shaped {' '.join(sub)}: a rank failed")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def calibrate(n: int, big: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cal.json"
+        launch(["calibrate", "--n", str(n), "--out", str(out), *(["--big"] if big else [])],
+               timeout=1800)
+        return json.loads(out.read_text())
+
+
+def run(method: str, seed: int, max_steps: int, eval_every: int, target: float,
+        min_steps: int = 0) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        launch(["rank", "--method", method, "--seed", str(seed), "--max-steps", str(max_steps),
+                "--eval-every", str(eval_every), "--target", str(target), "--min-steps",
+                str(min_steps), "--out", str(out)], timeout=3600)
+        return json.loads(out.read_text())
+
+
+def throughput(nbytes: int = 2_000_000) -> float:
+    """Goodput (bit/s of TCP payload) from worker 1 to worker 0 through the shaped uplink."""
+    recv = ("import socket,sys,time\n"
+            "s=socket.socket();s.bind((sys.argv[1],0));s.listen(1);print(s.getsockname()[1],flush=True)\n"
+            "c,_=s.accept();n=0;t0=None\n"
+            "while True:\n b=c.recv(1<<16)\n if not b: break\n"
+            " if t0 is None: t0=time.perf_counter()\n"   # the clock starts after the first read
+            " else: n+=len(b)\n"
+            "print(n, time.perf_counter()-t0, flush=True)\n")
+    send = ("import socket,sys\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
+            "c.sendall(b'x'*int(sys.argv[3]));c.close()\n")
+    addr = sh("addr", "0")
+    r = subprocess.Popen([str(NET_SH), "exec", "0", sys.executable, "-c", recv, addr],
+                         stdout=subprocess.PIPE, text=True)
+    port = r.stdout.readline().strip()
+    subprocess.run([str(NET_SH), "exec", "1", sys.executable, "-c", send, addr, port,
+                    str(nbytes)], check=True, timeout=600)
+    n, dt = r.stdout.readline().split()
+    r.wait(timeout=60)
+    return 8 * int(n) / float(dt)
+
+
+def rate_bps(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for u, f in units.items():
+        if rate.lower().endswith(u):
+            return float(rate[: -len(u)]) * f
+    return float(rate)
+
+
+def prepare() -> None:
+    """f* of the 2-worker a5a problem, once, before the ranks start (they then read the cache)."""
+    from experiments.run.config import compose
+    from experiments.tasks import logreg as task
+    from gluon import make_compressor
+    task.build(compose("logreg", f"n_workers={WORKERS}"), make_compressor("identity"))
+
+
+def measure(args) -> None:
+    """Calibrate the network at the lowest and highest rate, then run both methods at every
+    rate; write the table beside the model's predictions and the network's parameters."""
+    from paper import cost
+    prepare()
+    low, high = min(args.rates, key=rate_bps), max(args.rates, key=rate_bps)
+    cal = {}
+    for rate, big in ((low, False), (high, True)):
+        sh("rate", rate)
+        cal[rate] = {**calibrate(args.loops, big), "rate_bps": rate_bps(rate)}
+        print(f"calibration at {rate}: {json.dumps(cal[rate])}", flush=True)
+    network = cost.fit_network(cal[low], cal[high])
+    load = os.getloadavg()
+    network.update(source=f"python -m scripts.shaped measure (calibration loops of collectives, "
+                          f"2 gloo processes, HTB at {low} and {high}; load {load[0]:.1f})",
+                   calibration=cal)
+    print(f"network: {json.dumps({k: v for k, v in network.items() if k != 'calibration'})}",
+          flush=True)
+    compute = cost.bench_compute("a5a")
+    out_rows = []
+    for rate in args.rates:
+        sh("rate", rate)
+        goodput = throughput(args.tput_bytes)
+        for method in METHODS:
+            t0 = time.time()
+            res = run(method, args.seed, args.max_steps, args.eval_every, args.target)
+            pred = cost.predict_run(res, rate_bps(rate), network, compute)
+            row = {"rate": rate, "rate_bps": rate_bps(rate), "goodput_bps": round(goodput),
+                   "method": method, "seed": args.seed, **pred, "run_s": round(time.time() - t0)}
+            out_rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    with open(out, "w", newline="") as fh:
+        fh.write(f"# a5a, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
+                 f"seed {args.seed}; target f - f* <= {args.target:g} (evaluated every "
+                 f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
+                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; python -m scripts.shaped measure\n")
+        w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    (out.parent / "network.json").write_text(json.dumps(network, indent=2) + "\n")
+    print(f"wrote {out} and {out.parent / 'network.json'}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--rates", nargs="+", default=["100kbit", "20mbit"])
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--max-steps", type=int, default=6000)
+    m.add_argument("--eval-every", type=int, default=10)
+    m.add_argument("--target", type=float, default=TARGET)
+    m.add_argument("--loops", type=int, default=200)
+    m.add_argument("--tput-bytes", type=int, default=1_000_000)
+    m.add_argument("--out", default="results/cost/shaped.csv")
+    t = sub.add_parser("throughput")
+    t.add_argument("--bytes", type=int, default=2_000_000)
+    r = sub.add_parser("rank")
+    r.add_argument("--method", required=True)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--max-steps", type=int, default=6000)
+    r.add_argument("--min-steps", type=int, default=0)
+    r.add_argument("--eval-every", type=int, default=10)
+    r.add_argument("--target", type=float, default=TARGET)
+    r.add_argument("--out", required=True)
+    c = sub.add_parser("calibrate")
+    c.add_argument("--n", type=int, default=200)
+    c.add_argument("--big", action="store_true")
+    c.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "measure":
+        measure(args)
+    elif args.cmd == "throughput":
+        print(f"{throughput(args.bytes) / 1e6:.3f} Mbit/s")
+    elif args.cmd == "rank":
+        rank_main(args)
+    else:
+        calibrate_main(args)
+
+
+if __name__ == "__main__":
+    main()
