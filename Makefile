@@ -101,7 +101,7 @@ fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
 	$(PY) -m paper.cost all
 
-shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; ~15 min)
+shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min)
 	scripts/shaped_network.sh up
 	$(PY) -m scripts.shaped measure --rates 100kbit 20mbit; rc=$$?; scripts/shaped_network.sh down; exit $$rc
 

@@ -3,6 +3,7 @@
     python -m paper.cost table    # crossover bandwidths -> results/cost/crossover.{csv,md}
     python -m paper.cost plot     # figures/fig_cost_{a5a,cnn}.png (a), (b), (c)
     python -m paper.cost all      # both (make fig-cost)
+    python -m paper.cost readme   # the README's crossover table (a5a), from crossover.csv
 
 Every logged row carries what a worker has spent so far (``gluon.engine.train``): ``grads``
 (minibatch gradients), ``bytes`` (its uplink messages), ``up_bytes``/``down_bytes`` (what the
@@ -371,11 +372,29 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spend(panel: Panel, level: float) -> str:
+    """What each method has spent, per worker, when its smoothed curve first reaches ``level``:
+    means over the seeds that reach it (markdown)."""
+    keys = ("step", "grads", "comm", "bytes", "star_down_bytes", "up_bytes", "rounds")
+    lines = [f"| {TASK_NAMES[panel.task]}: at Gluon's final level ({level:.3g}) | seeds | steps | "
+             "gradients | uplink (dense units) | uplink bytes | star downlink bytes | ring bytes "
+             "each way | messages |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, hm in hits(panel, level).items():
+        got = [r.rows[hm[r.config["seed"]]] for r in panel.runs[m] if hm[r.config["seed"]] is not None]
+        if not got:
+            continue
+        mean = {k: float(np.mean([g[k] for g in got])) for k in keys}
+        lines.append(f"| {m} | {len(got)}/{len(hm)} | {mean['step']:,.0f} | {mean['grads']:,.0f} | "
+                     f"{mean['comm']:,.1f} | {mean['bytes']:,.0f} | {mean['star_down_bytes']:,.0f} | "
+                     f"{mean['up_bytes']:,.0f} | {mean['rounds']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
     from experiments.run.atomic import atomic_write_text
     from paper.statistics import write_csv
     measured = measured_network()
-    rows, notes = [], []
+    rows, notes, spent = [], [], []
     for task in tasks:
         panel = load_panel(task)
         if not panel.runs:
@@ -384,6 +403,7 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
             continue
         compute = None if compute_source == "measured" else bench_compute(task)
         level = gluon_level(panel)
+        spent.append(spend(panel, level))
         for label, net in models(measured):
             rows += crossover_rows(panel, level, net, compute, label)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -394,6 +414,7 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
              f"{measured.get('frame_bytes', 0):.0f} bytes a message and hop, h = "
              f"{100 * measured.get('header_share', 0):.1f}% of the payload. Compute: "
              f"{compute_source}. Uplink = downlink.\n")
+    text += "".join(f"\n{t}" for t in spent)
     print(text)
     atomic_write_text(OUT / "crossover.md", text + "".join(f"\n{n}\n" for n in notes))
     return rows
@@ -569,13 +590,46 @@ def predict_run(res: dict, rate_bps: float, network: dict, compute: Compute) -> 
                 Network(rate_bps, topology="ring"), compute)[0])}
 
 
+README_METHODS = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
+                  "ef21_muon": "EF21-Muon (TopK 1%)", "alg4": "Alg. 4 (TopK 1%, EF + MVR)"}
+
+
+def _cell(r: dict) -> str:
+    if r["side"] == "never":
+        return "never"
+    if r["side"] != "below":
+        return r["side"]
+    point = r["crossover_bps"]
+    unit, f = next((u, f) for u, f in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3))
+                   if point >= f)
+    num = lambda x: "0" if x == 0 else f"{x / f:.3g}"
+    return f"{num(point)} {unit} [{num(r['ci_low_bps'])}, {num(r['ci_high_bps'])}]"
+
+
+def readme_table(task: str = "a5a", path: Path | None = None) -> str:
+    """The README's crossover table, from results/cost/crossover.csv (latency 0)."""
+    from paper.statistics import read_csv
+    rows = [r for r in read_csv(path or OUT / "crossover.csv") if r["task"] == task]
+    get = {(r["topology"], r["model"], r["method"]): r for r in rows}
+    cols = [("star", "payload only"), ("ring", "payload only"), ("star", "measured framing"),
+            ("ring", "measured framing")]
+    lines = ["| method | star (a server), payload only | ring, payload only | star, with the "
+             "measured framing | ring, with the measured framing |", "|---|---|---|---|---|"]
+    for m, name in README_METHODS.items():
+        lines.append(f"| {name} | " + " | ".join(_cell(get[(t, mo, m)]) for t, mo in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", choices=["table", "plot", "all"])
+    ap.add_argument("cmd", choices=["table", "plot", "all", "readme"])
     ap.add_argument("--task", choices=["logreg", "cnn"], nargs="+", default=["logreg", "cnn"])
     ap.add_argument("--compute", choices=["bench", "measured"], default="bench",
                     help="compute time: make bench's per-gradient time, or the rows' compute_s")
     args = ap.parse_args(argv)
+    if args.cmd == "readme":
+        print(readme_table(), end="")
+        return
     if args.cmd in ("table", "all"):
         table(args.task, args.compute)
     if args.cmd in ("plot", "all"):
