@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from experiments.tasks.cifar10 import Cifar
 from experiments.tasks.cnn import build
+from experiments.run.atomic import atomic_write_text
 from experiments.run.config import validate
 
 
@@ -242,8 +243,7 @@ def main(argv=None):
                 f"torch {torch.__version__}\n\n" + compare_paths(args))
         print(text)
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
+            atomic_write_text(args.out, text)
         return
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94 widths "
           f"{args.widths}, n = 4, batch 16, q = {args.q}, B = {args.B}, density 1%\n")
@@ -261,8 +261,7 @@ def main(argv=None):
     print(head)
     text = head + "\n" + "\n".join(details)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
 
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from experiments.run.atomic import atomic_write_text
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
@@ -199,8 +201,7 @@ def main(argv=None):
     text = head + "\n" + "\n".join(notes) + "\n\n" + table(res) + "\n"
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
 
 
