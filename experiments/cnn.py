@@ -10,19 +10,12 @@ the task itself (data, model, oracles, evaluation) lives in :mod:`experiments.ta
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 from omegaconf import DictConfig
 
 from .run import cli
-from .run.lifecycle import execute, run_hydra_job
+from .run.lifecycle import run_hydra_job
 from .tasks import cnn as task
-
-
-def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """One simulated run of ``cfg`` into ``run_dir`` (no hydra): what the tests call."""
-    return execute(cfg, run_dir, task)
 
 
 @hydra.main(config_path="../configs", config_name="cnn", version_base="1.3")

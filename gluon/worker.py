@@ -48,7 +48,8 @@ class ModuleOracle(Oracle):
 
     ``params`` handed to :meth:`grad` replace the module's trainable parameters by name
     (``torch.func.functional_call``), so the same module evaluates gradients at X and X_prev.
-    Buffers (BatchNorm running statistics) are updated only when ``update_buffers`` is set.
+    Buffers (BatchNorm running statistics) are the module's own: a model whose forward pass
+    updates them in training mode updates them on every gradient evaluation.
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, inputs: Tensor, targets: Tensor,
@@ -105,10 +106,9 @@ class Worker:
     def sample(self, batches: int = 1):
         return self.oracle.sample(self.gen, batches)
 
-    # Both directions copy ``state``: returning or adopting
-    # the live dict let a checkpoint change as the run went on (methods reassign its entries,
-    # e.g. the error memory "e", every step) and made two methods loaded from one checkpoint
-    # share their workers' state. Method.state_dict clones everything else already.
+    # Both directions copy ``state``: the live dict would let a checkpoint change as the run goes
+    # on (methods reassign its entries, e.g. the error memory "e", every step) and two methods
+    # loaded from one checkpoint share their workers' state. Method.state_dict clones the rest.
     def state_dict(self):
         return {"gen": self.gen.get_state(), "state": copy.deepcopy(self.state),
                 "grads": self.grads}

@@ -92,15 +92,6 @@ class World:
     def all(self, flag: bool) -> bool:
         return not self.any(not flag)
 
-    def broadcast(self, obj):
-        """Rank 0's ``obj`` on every rank."""
-        if self.size == 1:
-            return obj
-        import torch.distributed as dist
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def barrier(self) -> None:
         if self.size > 1:
             import torch.distributed as dist
