@@ -24,7 +24,8 @@ from .tasks.logreg import build  # noqa: F401 (the task's build, for scripts and
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """One simulated run of ``cfg`` into ``run_dir`` (no hydra): what the tests call."""
+    """One simulated run of ``cfg`` (a composed config) into ``run_dir``, without hydra's
+    command line: for scripts and tests."""
     return execute(cfg, run_dir, task)
 
 

@@ -22,10 +22,7 @@ import numpy as np
 from scipy import stats
 
 from experiments.run import runs as run_files
-from experiments.run.config import OPERATIONAL
-
-# Config keys that do not change what a run computes (ignored when grouping runs).
-NON_SEMANTIC = set(OPERATIONAL) | {"seed", "results_dir", "launcher"}
+from experiments.run.runs import flatten  # noqa: F401 (for the figure scripts)
 
 
 @dataclass
@@ -69,20 +66,10 @@ def load_runs(root: str | Path) -> list[Run]:
     return runs
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def group_key(config: dict) -> tuple:
-    flat = flatten({k: v for k, v in config.items() if k not in NON_SEMANTIC})
-    return tuple(sorted((k, json.dumps(v)) for k, v in flat.items() if v is not None))
+    """Runs that differ only in their seed form one group (:func:`experiments.run.runs.group_key`),
+    as a sortable, hashable key."""
+    return tuple(sorted((k, json.dumps(v)) for k, v in run_files.group_key(config).items()))
 
 
 def group_runs(runs: Iterable[Run]) -> dict[tuple, list[Run]]:

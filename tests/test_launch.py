@@ -5,6 +5,7 @@ hydra-submitit-launcher would (experiments.run.sweep.sbatch_script) and checks i
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,6 @@ from omegaconf import OmegaConf
 from experiments.run.checkpoint import CHECKPOINT
 from experiments.run.record import read_metrics, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
-from experiments.run.config import run_name
 from tests.conftest import compose_config, metrics_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,8 @@ def test_launcher_group_defaults_and_choices(monkeypatch):
     gpu = hydra_cfg("launcher=slurm_gpu").hydra.launcher
     assert gpu._target_.endswith("SlurmLauncher") and gpu.gpus_per_node == 1
     # the launcher is not part of a run's identity: same run directory whatever launches it
-    assert run_name(["launcher=local", "seed=1"]) == run_name(["seed=1"]) == "seed=1"
+    assert (str(hydra_cfg("launcher=local", "seed=1").hydra.sweep.subdir)
+            == str(hydra_cfg("seed=1").hydra.sweep.subdir))
 
 
 def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
@@ -184,10 +185,11 @@ def test_local_submitit_preemption_requeues_and_resumes(tmp_path, results):
 
 
 def _param(run_dir: Path, sweep_dir: Path, key: str) -> str:
-    """A key's value in a job directory named by hydra's override_dirname."""
-    name = str(run_dir.relative_to(sweep_dir))
-    return next(kv.split("=", 1)[1] for kv in name.replace("/", ",").split(",")
-                if kv.startswith(key + "="))
+    """A dotted key's value in the config a job directory's run recorded (config.json)."""
+    value = json.loads((run_dir / "config.json").read_text())
+    for part in key.split("."):
+        value = value[part]
+    return str(value)
 
 
 def _job_pid(folder: Path) -> int:

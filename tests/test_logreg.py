@@ -17,6 +17,7 @@ from experiments.paths import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
 from experiments.run.record import read_metrics
+from experiments.run.runs import EnvironmentProblem
 from tests.conftest import compose_config, untimed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +136,11 @@ def test_same_seed_same_run_and_rerun_skips(tmp_path, caplog):
     assert "[skip]" in caplog.text
     assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
     c3 = cfg("method=alg2", "steps=200", "log_every=20", tmp=tmp_path)
-    run(c3, tmp_path / "a")                                     # other config: replaced
+    with pytest.raises(EnvironmentProblem, match="holds another run .ok; steps: 200 here, 300 there"):
+        run(c3, tmp_path / "a")                                 # another run's folder: refused
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
+    c3.overwrite = True
+    run(c3, tmp_path / "a")                                     # asked for: replaced
     rows = read_metrics(tmp_path / "a")
     assert rows[-1]["step"] == 200 and len(rows) == len({r["step"] for r in rows})
 

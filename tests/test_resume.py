@@ -29,6 +29,7 @@ from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
 from experiments.run.record import read_summary
 from experiments.run.lifecycle import execute
+from experiments.run.runs import EnvironmentProblem
 from tests.conftest import compose_config, metrics_bytes, stopping_train, untimed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,13 +157,17 @@ def test_in_process_interrupt_resume_and_config_change(tmp_path, results, monkey
             tmp_path / "run", task)
     assert "[skip]" in caplog.text
 
-    # a checkpoint written with another config is not used
+    # a checkpoint written with another config is refused, and with overwrite=true not used
     _interrupt_at(monkeypatch, 250)
     with pytest.raises(KeyboardInterrupt):
         execute(config(*overrides), tmp_path / "other", task)
     caplog.clear()
     monkeypatch.setattr(runner, "train", real)
-    execute(config(*overrides, "method.lr=0.02"), tmp_path / "other", task)
+    with pytest.raises(EnvironmentProblem, match=r"holds the checkpoint of another run "
+                       r"\(method.lr: 0.02 here, 0.01 there\)"):
+        execute(config(*overrides, "method.lr=0.02"), tmp_path / "other", task)
+    assert rows(tmp_path / "other") == 26
+    execute(config(*overrides, "method.lr=0.02", "overwrite=true"), tmp_path / "other", task)
     out = caplog.text
     assert "[resume]" not in out and "starting over" in out
     assert json.loads((tmp_path / "other" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 400

@@ -85,6 +85,25 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
     check_data = getattr(task, "check_data", None)
     if check_data is not None and not multirun:   # a sweep's: by the sweeper, every job's
         check_data(cfg)
+    if not multirun and folder is not None and not cfg.overwrite:
+        refuse_other_run(Path(str(folder)), cfg, task)
+
+
+def refuse_other_run(run_dir: Path, cfg, task) -> None:
+    """EnvironmentProblem when ``run_dir`` holds another run than ``cfg``'s (never replaced
+    unless ``overwrite``), before hydra writes anything into it."""
+    from omegaconf import OmegaConf
+
+    from .config import plain
+    from .lifecycle import other_run
+    if not (run_dir / "summary.json").exists() and not (run_dir / "checkpoint.pt").exists():
+        return
+    cfg = plain(cfg)
+    data_identity = getattr(task, "data_identity", None)
+    data = data_identity(cfg) if data_identity is not None else None
+    problem = other_run(run_dir, OmegaConf.to_container(cfg), data)
+    if problem:
+        raise EnvironmentProblem(problem)
 
 
 def writable(path: Path, key: str) -> None:

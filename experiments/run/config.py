@@ -7,10 +7,9 @@
 * **Checks.** :func:`validate` runs every check that can fail (the schema, the method and its
   compressor, the task's own checks, the process world) before any data is loaded;
   a failure is a :class:`ConfigError` naming the key, the value and what is allowed.
-* **Identity.** :data:`OPERATIONAL` lists the keys that say how a run is executed, not what it
-  computes. They are left out of the run folder's name (:func:`run_name`, the ``gluon_run_name``
-  resolver of ``configs/hydra/default.yaml``) and out of the config compared when deciding
-  whether a finished run can be skipped (:func:`experiments.run.record.comparable`).
+* **Folders.** A run's folder is named by its identity (:mod:`experiments.run.runs`: the
+  resolved config less the operational keys, and the data), through the ``gluon_run_folder``
+  resolver of ``configs/hydra/default.yaml``: any spelling of a config lands in one folder.
 """
 from __future__ import annotations
 
@@ -23,17 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from gluon import make_compressor, resolve_method
 
-# Top-level keys that say how a run is executed, not what it computes. ``comm`` runs the same
-# workers in one process or in several (bit-identical except the dense all_reduce's summation
-# order); ``threads`` sets torch's CPU threads, which may change the last bits of a matmul's
-# reduction but not the run's meaning (runs are bit-identical for a seed at one thread count:
-# the figures use 1). ``results_dir`` only says where caches go; ``experiment`` names an old
-# records' key.
-OPERATIONAL = ("overwrite", "threads", "wandb", "data_dir", "checkpoint_every",
-               "keep_checkpoint", "group", "comm", "dense_collective", "experiment", "progress_s",
-               "results_dir")
-# Overrides that select how a sweep runs, never part of a run folder's name.
-NOT_IN_RUN_NAME = OPERATIONAL + ("launcher", "experiment", "hydra")
+from .runs import OPERATIONAL, folder_name  # noqa: F401 (OPERATIONAL: for callers)
 
 
 class ConfigError(ValueError):
@@ -87,7 +76,7 @@ class WandbConf:
 
 @dataclass
 class RunConf:
-    """Keys shared by every entry point (their defaults: configs/run/default.yaml)."""
+    """Keys shared by every entry point."""
     method: MethodConf = field(default_factory=MethodConf)
     compressor: CompressorConf = field(default_factory=CompressorConf)
     wandb: WandbConf = field(default_factory=WandbConf)
@@ -159,6 +148,9 @@ class CnnConfig(RunConf):
     device: str = "auto"
 
 
+SCHEMAS = {"a5a": LogRegConfig, "cifar10": CnnConfig}     # by task.name
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="logreg_schema", node=LogRegConfig)
@@ -180,17 +172,13 @@ def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> Di
 
 # ---------------------------------------------------------------- run folder names
 
-def run_name(overrides) -> str:
-    """The run folder's name from a job's command-line overrides (as hydra's override_dirname:
-    sorted ``key=value`` joined by commas), leaving out :data:`NOT_IN_RUN_NAME` and writing a
-    ``/`` in a value (``tuned=fig2_logreg/gluon``) as ``-`` so every run folder of a sweep sits
-    at the same depth."""
-    lines = []
-    for line in overrides:
-        key = str(line).split("=", 1)[0].lstrip("+~")
-        if key.split(".", 1)[0] not in NOT_IN_RUN_NAME:
-            lines.append(str(line))
-    return ",".join(sorted(lines)).replace("/", "-")
+def run_folder(*, _root_) -> str:
+    """The ``gluon_run_folder`` resolver: the folder name (:func:`experiments.run.runs.
+    folder_name`) of the run the whole config (``_root_``) describes, its data included."""
+    from ..tasks import task_module
+    cfg = plain(_root_)
+    data = task_module(cfg.task.name).data_identity(cfg)
+    return folder_name(OmegaConf.to_container(cfg), data)
 
 
 def tasks_per_node(comm, n_workers) -> int:
@@ -198,8 +186,8 @@ def tasks_per_node(comm, n_workers) -> int:
     return int(n_workers) if str(getattr(comm, "value", comm)) == "torchdist" else 1
 
 
-if not OmegaConf.has_resolver("gluon_run_name"):
-    OmegaConf.register_new_resolver("gluon_run_name", lambda o: run_name(o))
+if not OmegaConf.has_resolver("gluon_run_folder"):
+    OmegaConf.register_new_resolver("gluon_run_folder", run_folder)
     OmegaConf.register_new_resolver("gluon_tasks_per_node", tasks_per_node)
     # a sweep's folder: results/sweeps/<group>, or results/sweeps/adhoc without a group
     OmegaConf.register_new_resolver("gluon_sweep_name", lambda group: group or "adhoc")

@@ -54,7 +54,8 @@ from gluon.engine import gradients_per_worker
 from . import checkpoint as ckpt
 from . import runs
 from .config import plain, validate
-from .record import RunLog, comparable, read_summary
+from .record import RunLog, read_summary
+from .runs import identity as comparable
 from .runs import LOCK, EnvironmentProblem, is_locked  # noqa: F401 (is_locked: for callers)
 from .world import World
 
@@ -104,10 +105,12 @@ def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = No
     cfg = plain(cfg)                          # resolved, enums as strings
     world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
     config = OmegaConf.to_container(cfg)
+    data_identity = getattr(task, "data_identity", None)
+    data = data_identity(cfg) if data_identity is not None else None
     torch.set_num_threads(cfg.threads)
     try:
         with RunLock(run_dir, enabled=world.writer):
-            return _execute(cfg, config, run_dir, task, world, compressor)
+            return _execute(cfg, config, data, run_dir, task, world, compressor)
     except Exception as err:
         cause = environmental(err)
         if cause is None:
@@ -152,10 +155,14 @@ def _shown(run_dir: Path) -> str:
         return str(run_dir)
 
 
-def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
+def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
     where = _shown(run_dir)
+    other = (other_run(run_dir, config, data, _checkpoint_name(world), world.writer)
+             if not cfg.overwrite else None)
+    if world.any(other is not None):          # never overwritten: the ranks stop together
+        raise EnvironmentProblem(other or "another rank's run folder holds another run")
     record = RunLog(run_dir, config, wandb_cfg=config.get("wandb"), figure=cfg.get("group"),
-                    enabled=world.writer)
+                    enabled=world.writer, data_id=data)
     if world.all(record.should_skip(cfg.overwrite)):
         log.info("[skip] %s: already finished with this config", where)
         return read_summary(run_dir)
@@ -271,6 +278,28 @@ def _execute(cfg, config, run_dir, task, world, compressor) -> dict:
     return summary
 
 
+def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = ckpt.CHECKPOINT,
+              writer: bool = True) -> str | None:
+    """Why ``run_dir`` holds another run than ``config`` on ``data`` (its summary or its
+    checkpoint records another identity), in two lines, or None. Such a folder is never
+    overwritten: the command line asks this before hydra writes into the folder, the sweeper
+    before launching, and the lifecycle again before a run starts."""
+    run_dir = Path(run_dir)
+    s = read_summary(run_dir) if writer else None
+    if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
+        why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
+               else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
+        return (f"{_shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
+                "folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+    path = run_dir / checkpoint
+    saved = ckpt.load(path) if s is None and path.exists() else None
+    if saved is not None and saved.get("config") != comparable(config):
+        return (f"{_shown(run_dir)} holds the checkpoint of another run "
+                f"({runs.difference(config, saved.get('config'))})\n  choose another folder "
+                "(hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+    return None
+
+
 def _checkpoint_name(world: World) -> str:
     return ckpt.CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
 
@@ -321,8 +350,7 @@ def _rows_problem(run_dir: Path, saved: dict) -> str | None:
 def _damaged(run_dir: Path, config: dict) -> str | None:
     """Why a finished run of this config is damaged (it is not skipped), or None."""
     s = read_summary(run_dir)
-    if not s or s.get("status") not in runs.FINISHED or \
-            comparable(s.get("config")) != comparable(config):
+    if not s or s.get("status") not in runs.FINISHED or not runs.same_run(s, config, None):
         return None
     return runs.damage(run_dir, s)
 

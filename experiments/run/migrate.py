@@ -1,19 +1,34 @@
-"""Record the metrics file in the summaries of run folders written before summary.json did.
+"""Bring run folders written by earlier versions up to date: their metrics record, their
+identity and their folder name.
 
     python -m experiments.run.migrate results/sweeps/fig3 [more folders ...] [--check]
 
 Every run folder below the given folders (a folder with a summary.json) whose run finished (ok
-or diverged) and whose summary has no ``metrics`` record is checked against its metrics.jsonl
-(:func:`experiments.run.runs.verify_legacy`: every line is a row, and the last row is the
-summary's final row, with its step and uplink). When they agree, the row count and SHA-256 of
-metrics.jsonl are written into summary.json (atomically; nothing else in the folder changes), and
-from then on the run is checked like a new one: any later change to metrics.jsonl makes it
-"damaged". A folder that does not agree is reported as damaged and left untouched: re-run its
-sweep to recompute it (or the run with ``overwrite=true``).
+or diverged) is brought to what a run writes today:
 
-``--check`` reports without writing. One line per run that is not already recorded, then a
-total. Exit status: 0 when every finished run agrees with its summary, 1 when one is damaged, 2
-for a path that holds no run folder.
+* **Metrics record.** A summary without a ``metrics`` record is checked against its
+  metrics.jsonl (:func:`experiments.run.runs.verify_legacy`: every line is a row, and the last
+  row is the summary's final row, with its step and uplink). When they agree, the row count and
+  SHA-256 of metrics.jsonl are recorded, and from then on any change to metrics.jsonl makes the
+  run "damaged". A folder that does not agree is reported as damaged and left untouched: re-run
+  its sweep to recompute it (or the run with ``overwrite=true``).
+* **Keys added since.** A key the schema has gained since the run was made is added to its
+  config at its default, and named in ``summary["added_keys"]``: a key is added with the
+  default that does what the code did before it existed (docs/architecture.md), so the run
+  is the run of that config.
+* **Identity.** A summary without ``id`` gets its identity hash and its data's identity
+  (``data_id``). Runs written before recorded no data identity: the data on disk now is taken as
+  theirs, so migrate where the runs were made, or with the same data files (their SHA-256 is
+  checked against SHA256SUMS where there is one).
+* **Folder name.** A run folder the project named (it sits in a folder named after its method,
+  as every run and sweep folder does) is renamed to :func:`experiments.run.runs.folder_name`, so
+  that the sweep that made it finds it again. A folder already holding the same run is left
+  alone and reported as a duplicate (the same config, run twice under two spellings).
+
+Summaries are rewritten atomically and folders renamed in one step; nothing else changes.
+``--check`` reports without writing. One line per run that changes, then a total. Exit status:
+0 when every finished run agrees with its summary, 1 when one is damaged, 2 for a path that
+holds no run folder.
 """
 from __future__ import annotations
 
@@ -26,26 +41,84 @@ from . import runs
 from .atomic import atomic_write_text
 
 
+def data_identity(config: dict) -> str | None:
+    """The identity of the data on disk now for a run of ``config`` (its task's
+    ``data_identity``)."""
+    from omegaconf import OmegaConf
+
+    from ..tasks import task_module
+    return task_module(config["task"]["name"]).data_identity(OmegaConf.create(config))
+
+
+def added_keys(config: dict) -> list[str]:
+    """Add to ``config`` (in place) the keys its task's schema has and it lacks, at their
+    defaults; return their dotted names."""
+    from omegaconf import OmegaConf
+
+    from .config import SCHEMAS
+    schema = SCHEMAS.get((config.get("task") or {}).get("name"))
+    if schema is None:
+        return []
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True,
+                                      throw_on_missing=False)
+    added = []
+
+    def fill(have: dict, want: dict, prefix: str) -> None:
+        for k, v in want.items():
+            if k not in have:
+                if v is not None and v != "???":     # null: not set; MISSING: set by every config
+                    have[k] = v
+                    added.append(prefix + k)
+            elif isinstance(v, dict) and isinstance(have[k], dict):
+                fill(have[k], v, f"{prefix}{k}.")
+    fill(config, defaults, "")
+    return added
+
+
 def migrate_run(run_dir: Path, write: bool = True) -> tuple[str, str]:
     """(what happened, why): ``migrated`` / ``agrees`` (with ``write=False``), ``recorded``
-    (nothing to do), ``skipped`` (not finished, or running), or ``damaged``."""
+    (nothing to do), ``duplicate``, ``skipped`` (not finished, or running), or ``damaged``."""
     if runs.is_locked(run_dir):
         return "skipped", "a process is writing it"
     summary = runs.read_summary(run_dir)
     if summary is None or summary.get("status") not in runs.FINISHED:
         return "skipped", f"status {(summary or {}).get('status', 'unreadable')}"
+    done = []
     if isinstance(summary.get("metrics"), dict):
         why = runs.damage(run_dir, summary)
-        return ("damaged", why) if why else ("recorded", "")
-    why = runs.verify_legacy(run_dir, summary)
-    if why:
-        return "damaged", why
-    digest = runs.digest(run_dir / runs.METRICS)
+        if why:
+            return "damaged", why
+    else:
+        why = runs.verify_legacy(run_dir, summary)
+        if why:
+            return "damaged", why
+        summary["metrics"] = runs.digest(run_dir / runs.METRICS)
+        done.append(f"{summary['metrics']['rows']} rows recorded")
+    config = summary.get("config") or {}
+    added = added_keys(config)
+    if added:
+        summary["added_keys"] = sorted({*summary.get("added_keys", []), *added})
+        summary["id"] = None                          # the identity is computed again below
+        done.append(f"added {', '.join(added)}")
+    if summary.get("id") is None:
+        summary["data_id"] = summary.get("data_id") or data_identity(config)
+        summary["id"] = runs.run_id(config, summary["data_id"])
+        done.append(f"id {summary['id']}")
+    target = run_dir
+    if run_dir.parent.name == (config.get("method") or {}).get("name"):
+        target = run_dir.parent / runs.folder_name(config, summary["data_id"])
+    if target != run_dir and target.exists():
+        return "duplicate", f"the same run is {target}"
+    if target != run_dir:
+        done.append(f"renamed {target.name}")
+    if not done:
+        return "recorded", ""
     if not write:
-        return "agrees", f"{digest['rows']} rows"
-    summary["metrics"] = digest
+        return "agrees", "; ".join(done)
     atomic_write_text(run_dir / runs.SUMMARY, json.dumps(summary, indent=2))
-    return "migrated", f"{digest['rows']} rows"
+    if target != run_dir:
+        run_dir.rename(target)
+    return "migrated", "; ".join(done)
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -58,8 +131,9 @@ def run_dirs(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m experiments.run.migrate",
-        description="Check run folders written before summary.json recorded its metrics file, "
-                    "and record it (row count, SHA-256) where they agree.")
+        description="Bring run folders of earlier versions up to date: record their metrics "
+                    "file (row count, SHA-256) where they agree with their summary, their "
+                    "identity, and name their folders by it.")
     p.add_argument("paths", nargs="+", help="run folders or folders holding them "
                                             "(e.g. results/sweeps/fig3)")
     p.add_argument("--check", action="store_true", help="report only; write nothing")

@@ -7,9 +7,10 @@ when the config differs or ``overwrite`` is set; rows are never appended to an o
 when a preempted run resumes from its checkpoint (``start(resume_rows=N)`` keeps exactly the N
 rows written before the checkpoint).
 
-"The same config" ignores the keys in :data:`OPERATIONAL` (how a run is executed, not what it
-computes): switching W&B on, changing the checkpoint interval or the data directory does not
-re-run finished work.
+"The same config" is the same identity (:mod:`experiments.run.runs`: the config less the
+operational keys, and the data): switching W&B on, changing the checkpoint interval or the data
+directory does not re-run finished work. The summary records the identity's hash (``id``) and
+the data's identity (``data_id``).
 
 summary.json records the row count and SHA-256 of metrics.jsonl as it was when the run ended
 (``"metrics": {"rows", "sha256"}``), and a checkpoint the hash of the rows written before it
@@ -33,22 +34,6 @@ from .atomic import atomic_write, atomic_write_text
 from .runs import FINISHED, read_summary  # noqa: F401 (re-exported: the readers' names)
 
 
-def comparable(config: dict | None) -> dict | None:
-    """The part of a resolved config that decides a run's results: without the operational
-    keys (:data:`experiments.run.config.OPERATIONAL`) and without keys set to null (a null
-    setting means "not set": adding an optional key to the schema re-runs nothing)."""
-    from .config import OPERATIONAL
-    if config is None:
-        return None
-    return _drop_nulls({k: v for k, v in config.items() if k not in OPERATIONAL})
-
-
-def _drop_nulls(x):
-    if isinstance(x, dict):
-        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
-    return x
-
-
 def git_commit() -> dict:
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
@@ -60,15 +45,6 @@ def git_commit() -> dict:
         return {"git_commit": None, "git_dirty": None}
 
 
-def is_finished(run_dir: Path, config: dict | None = None) -> bool:
-    """Finished (:func:`experiments.run.runs.status` ok or diverged: damaged runs are not) and,
-    when ``config`` is given, with that config."""
-    s = read_summary(run_dir)
-    if not s or runs.status(run_dir, s) not in FINISHED:
-        return False
-    return config is None or comparable(s.get("config")) == comparable(config)
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's rows; a garbled line is a MetricsError naming the file and line."""
     return runs.read_rows(run_dir)
@@ -78,17 +54,18 @@ class RunLog:
     """Writes one run. ``config`` must be the resolved config (a plain dict)."""
 
     def __init__(self, run_dir: str | Path, config: dict, *, wandb_cfg: dict | None = None,
-                 figure: str | None = None, enabled: bool = True):
+                 figure: str | None = None, enabled: bool = True, data_id: str | None = None):
         self.enabled = enabled       # False on the ranks > 0 of a multi-process run: no writes
         self.dir = Path(run_dir)
         self.config = config
+        self.data_id = data_id
         self.wandb_cfg = wandb_cfg or {}
         self.figure = figure
         self._wandb = None
         self._t0 = time.time()
 
     def should_skip(self, overwrite: bool = False) -> bool:
-        return not overwrite and is_finished(self.dir, self.config)
+        return not overwrite and runs.is_finished(self.dir, self.config, self.data_id)
 
     def start(self, *, resume_rows: int | None = None, wandb_id: str | None = None) -> None:
         """Open metrics.jsonl fresh, or truncated to its first ``resume_rows`` rows when resuming
@@ -189,6 +166,7 @@ class RunLog:
             except FileNotFoundError:  # failed before the first row
                 pass
         summary = {"status": status, **extra, "seed": self.config.get("seed"),
+                   "id": runs.run_id(self.config, self.data_id), "data_id": self.data_id,
                    **git_commit(), "wall_time": time.time() - self._t0,
                    "host": socket.gethostname(), "python": platform.python_version(),
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": self.config}

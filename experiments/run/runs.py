@@ -1,8 +1,20 @@
-"""A run folder as readers see it: its status, its metric rows, and whether its files agree.
+"""A run as readers see it: its identity, its status, its metric rows, and whether its files agree.
 
-Everyone who asks "is this run finished?" or reads its rows uses this module: the run lifecycle
-(skip or redo), the sweeper (launch or not), the sweep report, ``make summarize``, the
-migration command and the figures. It imports neither hydra nor torch.
+Everyone who asks "which run is this?", "is it finished?" or reads its rows uses this module: the
+run lifecycle (skip, resume or refuse), the sweeper (launch or not), the sweep report, ``make
+summarize``, the migration command and the figures. It imports neither hydra nor torch.
+
+Identity (:func:`identity`, :func:`run_id`, :func:`folder_name`): a run is what its resolved
+config computes on its data. Its identity is the resolved config less the keys in
+:data:`OPERATIONAL` (how a run is executed, not what it computes) and less every key set to
+null (a null setting means "not set": adding an optional key to the schema changes no run's
+identity), together with the identity of its data (the SHA-256 of the data's files, from the
+task). :func:`run_id` hashes it; the run's folder is named by :func:`folder_name`: the method's
+settings, the compressor and the seed, readable, then that hash, at most :data:`MAX_NAME`
+characters. Any spelling of one config (``seed=0`` typed or left to its default, ``0.01`` or
+``0.0100000``) lands in one folder, and two configs never share one by chance: a folder that
+holds another run is refused (the run lifecycle), never overwritten. Runs that differ only in
+their seed form one group of a table or a figure (:func:`group_key`).
 
 A run folder (written by :class:`experiments.run.record.RunLog`) holds ``metrics.jsonl`` (one
 JSON row per logged step) and, once the run ends, ``summary.json``. The summary records how many
@@ -32,6 +44,18 @@ import hashlib
 import json
 from pathlib import Path
 
+# Top-level keys that say how a run is executed, not what it computes. ``comm`` runs the same
+# workers in one process or in several (bit-identical except the dense all_reduce's summation
+# order); ``threads`` sets torch's CPU threads, which may change the last bits of a matmul's
+# reduction but not the run's meaning (runs are bit-identical for a seed at one thread count:
+# the figures use 1). ``results_dir`` says where caches go, ``data_dir`` where the data is found
+# (the data's identity is its content); ``experiment`` is a key of older records.
+OPERATIONAL = ("overwrite", "threads", "wandb", "data_dir", "checkpoint_every",
+               "keep_checkpoint", "group", "comm", "dense_collective", "experiment", "progress_s",
+               "results_dir")
+MAX_NAME = 160          # characters of a run folder's name (file systems allow 255)
+ID_LENGTH = 10          # hex digits of the identity hash in a folder's name (40 bits)
+
 FINISHED = ("ok", "diverged")
 DAMAGED = "damaged"
 METRICS = "metrics.jsonl"
@@ -49,6 +73,79 @@ class EnvironmentProblem(Exception):
 
 class MetricsError(ValueError):
     """A line of metrics.jsonl that is not a row (garbled, or cut by a kill)."""
+
+
+# ---------------------------------------------------------------- identity
+
+def _drop_nulls(x):
+    if isinstance(x, dict):
+        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
+    return x
+
+
+def identity(config: dict | None) -> dict | None:
+    """The part of a resolved config (a plain dict) that decides a run's results: without the
+    :data:`OPERATIONAL` keys and without keys set to null."""
+    if config is None:
+        return None
+    return _drop_nulls({k: v for k, v in config.items() if k not in OPERATIONAL})
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"method": {"lr": 0.1}}`` as ``{"method.lr": 0.1}``."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def group_key(config: dict) -> dict:
+    """The flat identity of a run less its seed: the runs of one group (a table's row, a
+    figure's curve) differ only in their seed."""
+    flat = flatten(identity(config) or {})
+    flat.pop("seed", None)
+    return flat
+
+
+def run_id(config: dict, data: str | None) -> str:
+    """The hash of a run's identity: its config's :func:`identity` and its data's identity
+    (``data``: a task's ``data_identity``; None for a task without data files)."""
+    text = json.dumps({"config": identity(config), "data": data}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:ID_LENGTH]
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def folder_name(config: dict, data: str | None) -> str:
+    """A run folder's name: what a reader scans for (the compressor, the method's settings in
+    the schema's order, the seed), then ``id=`` and :func:`run_id`, which tells apart runs that
+    differ in anything else (the budget, the task's settings, the data). A method's name is the
+    folder above. At most :data:`MAX_NAME` characters."""
+    c = identity(config)
+    comp, method = c.get("compressor") or {}, c.get("method") or {}
+    parts = []
+    if comp.get("name"):
+        parts.append(f"compressor={comp['name']}")
+    parts += [f"{k}={_value(v)}" for k, v in comp.items() if k != "name"]
+    parts += [f"{k}={_value(v)}" for k, v in method.items() if k != "name"]
+    if "seed" in c:
+        parts.append(f"seed={c['seed']}")
+    tag = f"id={run_id(config, data)}"
+    name = ",".join(parts)[:MAX_NAME - len(tag) - 1].replace("/", "-")
+    return f"{name},{tag}" if name else tag
+
+
+def recorded_id(summary: dict | None) -> str | None:
+    """The identity hash a run recorded (``summary["id"]``), or None for a run written before."""
+    return (summary or {}).get("id")
 
 
 # ---------------------------------------------------------------- reading
@@ -197,6 +294,27 @@ def status(run_dir: str | Path, summary: dict | None = None) -> str:
     return "interrupted" if (run_dir / CHECKPOINT).exists() else "missing"
 
 
-def is_finished(run_dir: str | Path) -> bool:
-    """A finished run whose files agree (status ok or diverged)."""
-    return status(run_dir) in FINISHED
+def same_run(summary: dict | None, config: dict, data: str | None) -> bool:
+    """Whether ``summary`` records the run of ``config`` on ``data``: the same identity, and the
+    same data where the summary recorded its data (runs written before did not)."""
+    if not summary or identity(summary.get("config")) != identity(config):
+        return False
+    return summary.get("data_id") is None or data is None or summary["data_id"] == data
+
+
+def is_finished(run_dir: str | Path, config: dict | None = None, data: str | None = None) -> bool:
+    """A finished run whose files agree (status ok or diverged) and, when ``config`` is
+    given, the run of that config (on ``data``)."""
+    s = read_summary(run_dir)
+    if not s or status(run_dir, s) not in FINISHED:
+        return False
+    return config is None or same_run(s, config, data)
+
+
+def difference(a: dict | None, b: dict | None) -> str:
+    """The first key in which two configs' identities differ, as ``key: A here, B there``."""
+    fa, fb = flatten(identity(a) or {}), flatten(identity(b) or {})
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            return f"{k}: {fa.get(k)} here, {fb.get(k)} there"
+    return "the data"

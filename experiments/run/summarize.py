@@ -6,7 +6,7 @@
 
 The runs are the sweep's job folders (:func:`experiments.run.sweep.sweep_runs`: every folder
 holding ``.hydra/overrides.yaml``, with its status). Runs whose configs differ only in the seed
-or in operational keys (:data:`experiments.run.config.OPERATIONAL`) form one config; the
+or in operational keys (:data:`experiments.run.runs.OPERATIONAL`) form one config; the
 table has a row per config (``--per-run``: a row per run) with
 
 * the config keys that differ between the sweep's configs, one column each (derived from the
@@ -43,7 +43,7 @@ import pandas as pd
 
 from . import runs as R
 from .atomic import atomic_write_text
-from .record import FINISHED, comparable, read_summary
+from .record import FINISHED, read_summary
 from .sweep import sweep_runs
 
 STATUS_ORDER = ("ok", "diverged", "damaged", "failed", "interrupted", "running", "missing")
@@ -60,16 +60,6 @@ def maximised(metric: str) -> bool:
 
 
 # ---------------------------------------------------------------- one run
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
 
 def run_config(run_dir: Path, summary: dict | None) -> dict | None:
     """The run's resolved config: from summary.json, else config.json (written when the run
@@ -89,13 +79,9 @@ def run_config(run_dir: Path, summary: dict | None) -> dict | None:
 
 
 def config_key(config: dict | None) -> dict | None:
-    """The flat ``{key: value}`` that identifies a run's config: without the seed, the
-    operational keys and null settings (as :func:`experiments.run.record.comparable`)."""
-    if config is None:
-        return None
-    flat = _flatten(comparable(config))
-    flat.pop("seed", None)
-    return flat
+    """The flat ``{key: value}`` that identifies a run's config less its seed
+    (:func:`experiments.run.runs.group_key`)."""
+    return None if config is None else R.group_key(config)
 
 
 def _finite(v) -> bool:
@@ -184,7 +170,7 @@ def schema_order() -> list[str]:
     from .config import CnnConfig, LogRegConfig
     order: dict[str, None] = {}
     for schema in (LogRegConfig, CnnConfig):
-        order.update(dict.fromkeys(_flatten(asdict(schema()))))
+        order.update(dict.fromkeys(R.flatten(asdict(schema()))))
     return list(order)
 
 

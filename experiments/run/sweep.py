@@ -71,20 +71,6 @@ class SweepReport(Callback):
 
 # ---------------------------------------------------------------- what a SLURM sweep submits
 
-def _split_sweep(overrides: list[str]) -> tuple[list[str], int]:
-    """(the overrides of the sweep's first job, the number of jobs) for a grid sweep."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    first, n = [], 1
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if o.is_sweep_override():
-            values = list(o.sweep_string_iterator())
-            n *= len(values)
-            first.append(f"{o.get_key_element()}={values[0]}")
-        else:
-            first.append(o.input_line)
-    return first, n
-
-
 def _grid_size(sweeper_params: dict, overrides: list[str]) -> int:
     """Jobs in the grid of ``hydra.sweeper.params`` (e.g. from experiment=fig3) combined with
     the command line's sweeps, the command line winning for a key given in both."""
@@ -113,9 +99,10 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
 
     from ..paths import REPO
     from . import config  # noqa: F401 (registers the typed schemas the configs name)
+    from .cli import first_point
 
     config_dir = str(Path(config_dir or REPO / "configs").resolve())
-    first, _ = _split_sweep(overrides)
+    first = first_point(overrides)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=config_name):
         cfg = compose(config_name, overrides=first, return_hydra_config=True)
     params = cfg.hydra.sweeper.get("params")

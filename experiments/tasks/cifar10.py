@@ -278,6 +278,17 @@ def _not_found(data_dir, order: list[str], errors: list[str]) -> DataNotFoundErr
         "{train,test}/<class>/*.jpg (or train.tar.gz and test.tar.gz there)")
 
 
+def data_identity(data_dir, cache_dir, source: str = "auto") -> str | None:
+    """The SHA-256 of the identity (:func:`identity`) of the source a run would decode, or
+    None while no source is on disk."""
+    for s in _order(source):
+        where = _on_disk(s, data_dir)
+        if where is not None:
+            text = json.dumps({s: identity(s, where, cache_dir)}, sort_keys=True)
+            return hashlib.sha256(text.encode()).hexdigest()
+    return None
+
+
 def check_data(cfg) -> None:
     """Before hydra makes a folder: the CIFAR-10 source a run of ``cfg`` would use is on disk
     and matches its SHA256SUMS, or may still be downloaded (``task.download``)."""

@@ -1,6 +1,6 @@
 """The CIFAR-10 airbench CNN task (docs/algorithms.md section 6): worker oracles, evaluation, ``build``.
 
-Worker tau holds a shard of the training set (``experiments.tasks.logreg.split``: iid by default,
+Worker tau holds a shard of the training set (``experiments.tasks.sharding.split``: iid by default,
 ``label_skew`` optional) and minimises the mean cross-entropy of airbench94 on augmented
 minibatches of ``batch_size`` images. Gradients come from :class:`gluon.worker.ModuleOracle`
 (``torch.func.functional_call`` on one shared module), so the same module evaluates gradients at
@@ -34,7 +34,8 @@ from gluon.engine import gradients_per_worker
 from gluon.worker import ModuleOracle
 
 from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
-from .cifar10 import Cifar, augment, load_cifar10, normalize
+from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
+from .cifar10 import data_identity as _source_identity
 from ..run.config import method_hparams, plain
 from ..paths import REPO
 from . import Built
@@ -219,6 +220,12 @@ def make_model(t: DictConfig, batch_size: int) -> Airbench94:
 def load_data(cfg: DictConfig) -> Cifar:
     return load_cifar10(cfg.data_dir, Path(REPO, cfg.results_dir, "cache"), cfg.task.source,
                         download=cfg.task.download)
+
+
+def data_identity(cfg: DictConfig) -> str | None:
+    """The identity of the CIFAR-10 source a run of ``cfg`` decodes (part of the run's
+    identity), or None while none is on disk."""
+    return _source_identity(cfg.data_dir, Path(REPO, cfg.results_dir, "cache"), cfg.task.source)
 
 
 def check(cfg: DictConfig) -> None:

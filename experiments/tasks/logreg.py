@@ -30,7 +30,7 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..paths import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, verify
+from ..paths import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
 from ..run.atomic import atomic_write_text
 from . import Built
 from .sharding import HETEROGENEITY, split
@@ -217,6 +217,14 @@ def check(cfg) -> None:
 
 def _cache_dir(cfg) -> Path:
     return Path(REPO, cfg.results_dir, "cache")
+
+
+def data_identity(cfg) -> str | None:
+    """The identity of the data a run of ``cfg`` reads, part of the run's identity
+    (:func:`experiments.run.runs.run_id`): the SHA-256 of the LIBSVM file (hashed once per file
+    version), or None while it is not on disk."""
+    hit, _ = locate_libsvm(cfg.task.dataset, cfg.data_dir)
+    return None if hit is None else sha256(hit, _cache_dir(cfg))
 
 
 def check_data(cfg) -> None:

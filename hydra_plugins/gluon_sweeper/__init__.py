@@ -5,7 +5,6 @@ this one (``hydra.sweeper._target_``).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -19,19 +18,20 @@ class SkipFinishedSweeper(BasicSweeper):
     (:func:`experiments.run.config.validate` with the entry point's task, and the task's data:
     ``check_data``): one bad job stops the sweep with one line and exit status 2. Then each
     job's run folder is looked at: a finished run with the same config whose files agree
-    (``experiments.run.record.is_finished``) is reported ``[skip]`` here and never handed to
+    (``experiments.run.runs.is_finished``: the same identity, data included) is reported ``[skip]`` here and never handed to
     the launcher, so re-running a finished sweep on SLURM submits nothing; a damaged one is
     launched again. ``overwrite=true`` launches every job."""
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        # the entry point's module (experiments/logreg.py, experiments/cnn.py) names its task
-        self.task = getattr(sys.modules[task_function.__module__], "task", None)
+        from experiments.tasks import task_module
+        self.task = task_module(config.task.name)        # the registered task (experiments.tasks)
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
-        from experiments.run.cli import composition_message, fail, launcher_starts_workers
+        from experiments.run.cli import (composition_message, fail, launcher_starts_workers,
+                                         refuse_other_run)
         from experiments.run.config import ConfigError, plain, validate
-        from experiments.run.record import is_finished, read_summary
+        from experiments.run.runs import is_finished, read_summary
         from experiments.run.runs import EnvironmentProblem
         from experiments.run.sweep import SKIPPED
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
@@ -47,16 +47,22 @@ class SkipFinishedSweeper(BasicSweeper):
             except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
                 fail(f"{composition_message(err)} (in the job {' '.join(job)})")
             cfgs.append(cfg)
-        for job, cfg in zip(jobs, cfgs):       # then the data (its hashes are cached)
-            try:
+        for job, cfg in zip(jobs, cfgs):       # then the data (its hashes are cached), and
+            try:                               # that no job's folder holds another run
                 if check_data is not None:
                     check_data(cfg)
+                if not cfg.get("overwrite"):
+                    refuse_other_run(Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir),
+                                     cfg, self.task)
             except (ConfigError, EnvironmentProblem) as err:
                 fail(f"{err} (in the job {' '.join(job)})")
         todo = []
         for job, cfg in zip(jobs, cfgs):
             run_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
-            if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(plain(cfg))):
+            data_identity = getattr(self.task, "data_identity", None)
+            data = data_identity(plain(cfg)) if data_identity is not None else None
+            if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(plain(cfg)),
+                                                        data):
                 print(f"[skip] {run_dir}: already finished with this config", flush=True)
                 SKIPPED[run_dir] = read_summary(run_dir).get("status", "ok")
             else:
