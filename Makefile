@@ -54,18 +54,18 @@ test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
 	$(PY) -m pytest -q -m 'slow or not slow'
 
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
-	$(PY) -m scripts.bench_logreg
+	$(PY) -m benchmarks.bench_logreg
 
 bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths (cnn_paths.md)
-	$(PY) -m scripts.bench_cnn --out results/bench/cnn.md
-	$(PY) -m scripts.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
+	$(PY) -m benchmarks.bench_cnn --out results/bench/cnn.md
+	$(PY) -m benchmarks.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
 
 .PHONY: bench-optim
 bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
-	$(PY) -m scripts.bench_optim --out results/bench/optim.md
+	$(PY) -m benchmarks.bench_optim --out results/bench/optim.md
 
 gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
-	$(PY) -m scripts.gpu_check
+	$(PY) -m benchmarks.gpu_check
 
 logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
 	$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
@@ -74,12 +74,12 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 
 tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
 	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) experiment=tune_fig2/$$m || exit 1; done
-	$(PY) -m paper.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
+	$(PY) -m analysis.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
 tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
 	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) experiment=tune_fig2_cnn/$$m || exit 1; done
-	$(PY) -m paper.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
+	$(PY) -m analysis.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
 fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
@@ -102,8 +102,8 @@ fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink
 	$(PY) -m paper.cost all
 
 shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min)
-	scripts/shaped_network.sh up
-	$(PY) -m scripts.shaped measure --rates 100kbit 20mbit; rc=$$?; scripts/shaped_network.sh down; exit $$rc
+	infra/shaped_network.sh up
+	$(PY) -m benchmarks.shaped measure --rates 100kbit 20mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
 
 fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
@@ -143,7 +143,7 @@ sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluste
 CNN_GAP = results/sweeps/cnn_gap
 cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
 	for m in gluon alg1 alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
-	$(PY) -m paper.select_tuned --sweep $(CNN_GAP)/tune --out configs/tuned/cnn_gap --metric loss \
+	$(PY) -m analysis.select_tuned --sweep $(CNN_GAP)/tune --out configs/tuned/cnn_gap --metric loss \
 	  --table results/cnn_gap/tune_scores.csv
 	$(CNN_SWEEP) experiment=cnn_gap/panel
 	$(CNN_SWEEP) experiment=cnn_gap/panel tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
@@ -160,14 +160,14 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 .PHONY: summarize
 summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/fig3
 	@test -n "$(SWEEP)" || { echo "usage: make summarize SWEEP=results/sweeps/<name> [ARGS='--metric loss --sort comm --per-run']" >&2; exit 2; }
-	$(PY) -m experiments.run.summarize $(SWEEP) $(ARGS)
+	$(PY) -m analysis.summarize $(SWEEP) $(ARGS)
 
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
 .PHONY: test-slurm
 test-slurm: $(STAMP)  ## SLURM for real (root): one-node cluster here, installed if missing; sweep, requeue, re-run, srun
-	scripts/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
+	infra/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
 
 clean:  ## remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paper.statistics import curves, flatten, group_runs, load_runs, read_csv, write_csv
+from analysis.statistics import curves, flatten, group_runs, load_runs, read_csv, write_csv
 
 # For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
 # the x axes and an optional overlay (another sweep drawn dashed for comparison).
@@ -102,7 +102,7 @@ def competitiveness(runs, base, metric: str, points=(25, 50, 100, 150, 250, 500)
     """Per q: the best lr's training loss (smoothed over the trailing 5% of the budget, as in
     docs/statistics.md) at fixed amounts of uplink, beside the q = 1 baseline's (mean over its
     seeds). A q is competitive at an uplink if its best loss there is at or below Gluon's."""
-    from paper.statistics import run_curve
+    from analysis.statistics import run_curve
 
     def at(run, c):
         comm, sm = run_curve(run, metric, 25.0)

@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.run.atomic import atomic_write_text
-from paper.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
+from analysis.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
                               reduction_rows, run_curve, write_csv)
 
 SWEEPS = Path("results/sweeps/cnn_gap")

@@ -167,7 +167,7 @@ def bench_compute(task: str, bench: Path = BENCH) -> Compute:
 
 
 def measured_network(path: Path = NETWORK) -> dict:
-    """Frame bytes, header share and latency measured on the shaped network (scripts/shaped.py),
+    """Frame bytes, header share and latency measured on the shaped network (benchmarks/shaped.py),
     or zeros (payload only) when it has not been measured."""
     if path.exists():
         return json.loads(path.read_text())
@@ -190,7 +190,7 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
     """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
     they lack the cost columns)."""
     from paper.fig2 import TASKS, _order
-    from paper.statistics import group_runs, load_runs
+    from analysis.statistics import group_runs, load_runs
     spec = TASKS[task]
     root = Path(sweep or spec["sweep"])
     runs = load_runs(root) if root.exists() else []
@@ -213,13 +213,13 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
 def gluon_level(panel: Panel) -> float:
     """Gluon's final level: the level its smoothed curves hold over the last 10% of the budget
     (docs/statistics.md, the level of Fig. 2's reduction table)."""
-    from paper.statistics import final_level
+    from analysis.statistics import final_level
     return final_level(panel.runs["gluon"], panel.metric, panel.budget, panel.window)
 
 
 def first_row(run, metric: str, window: float, level: float) -> int | None:
     """The first row where the run's smoothed curve is at or below ``level`` (None: never)."""
-    from paper.statistics import run_curve
+    from analysis.statistics import run_curve
     _, sm = run_curve(run, metric, window)
     idx = np.nonzero(sm <= level)[0]
     return int(idx[0]) if idx.size else None
@@ -392,7 +392,7 @@ def spend(panel: Panel, level: float) -> str:
 
 def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
     from experiments.run.atomic import atomic_write_text
-    from paper.statistics import write_csv
+    from analysis.statistics import write_csv
     measured = measured_network()
     rows, notes, spent = [], [], []
     for task in tasks:
@@ -425,7 +425,7 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
 def _grid_curve(runs, metric, window, x_of, grid):
     """Per grid point: geometric mean over seeds of the smoothed metric as a step function of
     x (the last row with x <= grid point; NaN past a run's end), and a 95% bootstrap band."""
-    from paper.statistics import run_curve
+    from analysis.statistics import run_curve
     vals = []
     for r in runs:
         _, sm = run_curve(r, metric, window)
@@ -556,7 +556,7 @@ def plot(tasks=("logreg", "cnn"), out: Path = FIG) -> list[Path]:
 
 def fit_network(low: dict, high: dict) -> dict:
     """Frame bytes F, header share h and hop latency L from the calibration loops of
-    scripts/shaped.py at a low and a high rate (each: bytes and seconds per loop, the payload
+    benchmarks/shaped.py at a low and a high rate (each: bytes and seconds per loop, the payload
     and hops of a loop, the rate, and the big all-reduce's bytes and payload)."""
     F = (low["tx_per_loop"] - low["payload_per_loop"]) / low["hops_per_loop"]
     h = max(0.0, (high["big_tx"] - high["big_payload"] - F * high["big_hops"]) / high["big_payload"])
@@ -567,7 +567,7 @@ def fit_network(low: dict, high: dict) -> dict:
 
 def predict_run(res: dict, rate_bps: float, network: dict, compute: Compute) -> dict:
     """The model's time per step and time to the target for a shaped-network run of
-    scripts/shaped.py (ring topology: the backend), from the run's own cost columns."""
+    benchmarks/shaped.py (ring topology: the backend), from the run's own cost columns."""
     net = Network(rate_bps, latency_s=network["latency_s"], frame_bytes=network["frame_bytes"],
                   header_share=network["header_share"], topology="ring")
     rows = res["rows"]
@@ -608,7 +608,7 @@ def _cell(r: dict) -> str:
 
 def readme_table(task: str = "a5a", path: Path | None = None) -> str:
     """The README's crossover table, from results/cost/crossover.csv (latency 0)."""
-    from paper.statistics import read_csv
+    from analysis.statistics import read_csv
     rows = [r for r in read_csv(path or OUT / "crossover.csv") if r["task"] == task]
     get = {(r["topology"], r["model"], r["method"]): r for r in rows}
     cols = [("star", "payload only"), ("ring", "payload only"), ("star", "measured framing"),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paper.statistics import (group_runs, load_runs, read_csv, reduction_rows,
+from analysis.statistics import (group_runs, load_runs, read_csv, reduction_rows,
                                   smoothed_curves, write_csv, write_table)
 from experiments.run.atomic import atomic_write_text
 

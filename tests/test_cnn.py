@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import paths as datasets
+from experiments import datasets
 from experiments.tasks.airbench import (N_PARAMS, Airbench94, GhostBatchNorm, count_params,
                                   init_whitening, patch_second_moment, recalibrate_bn)
 from experiments.tasks.cifar10 import Cifar, augment, load_cifar10, normalize

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from paper import statistics as analysis
-from paper.statistics import log_area, reduction_rows, value_at
-from paper import fig2, select_tuned
+from analysis import statistics as analysis
+from analysis.statistics import log_area, reduction_rows, value_at
+from analysis import select_tuned
+from paper import fig2
 from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[1]

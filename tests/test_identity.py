@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments import paths
+from experiments import datasets as paths
 from experiments.run import runs
 from experiments.run.config import plain
 from experiments.tasks import cnn

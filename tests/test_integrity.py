@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import paths
+from experiments import datasets as paths
 from experiments.run.checkpoint import CHECKPOINT
 from experiments.run.config import ConfigError, validate
 from experiments.run.lifecycle import execute
@@ -205,7 +205,7 @@ def test_damaged_runs_are_shown_and_recomputed(tmp_path, results):
     (dirs[2] / "metrics.jsonl").write_text("".join(garbled))            # garbled
     assert list(sweep_runs(tmp_path / "sweep").values()) == ["damaged"] * 3
     assert not any(is_finished(d) for d in dirs)
-    table = subprocess.run([sys.executable, "-m", "experiments.run.summarize",
+    table = subprocess.run([sys.executable, "-m", "analysis.summarize",
                             str(tmp_path / "sweep"), "--per-run"], cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
@@ -428,7 +428,7 @@ def test_garbled_metrics_row(tmp_path, results, caplog):
     lines = (ref / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[3] = "{garbled\n"
     (ref / "metrics.jsonl").write_text("".join(lines))
-    from paper.statistics import load_runs
+    from analysis.statistics import load_runs
     with pytest.raises(SystemExit) as err:
         load_runs(tmp_path)
     msg = str(err.value)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from experiments.paths import DataNotFoundError, libsvm_file
+from experiments.datasets import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
 from experiments.run.record import read_metrics

@@ -1,4 +1,4 @@
-"""scripts/shaped_network.sh: a real shaped network (namespaces, veth, a bridge, HTB), and a real
+"""infra/shaped_network.sh: a real shaped network (namespaces, veth, a bridge, HTB), and a real
 2-process run on it against the cost model (docs/cost.md). Needs root, ip and tc; skipped
 otherwise. The names and the /24 differ from the script's defaults, so a network brought up by
 hand is left alone."""
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "scripts" / "shaped_network.sh"
+SCRIPT = REPO / "infra" / "shaped_network.sh"
 ENV = dict(os.environ, SHAPED_NAME="gflt", SHAPED_NET="10.207.34", SHAPED_WORKERS="2",
            PYTHON=sys.executable)
 
@@ -49,7 +49,7 @@ def network():
 
 
 def test_throughput_is_the_configured_rate(network, monkeypatch):
-    from scripts import shaped
+    from benchmarks import shaped
     status = net("status").stdout
     assert status.count("rate 10Mbit") == 2                  # both uplinks shaped
     monkeypatch.setenv("SHAPED_NAME", "gflt")
@@ -71,13 +71,13 @@ def test_a_failed_up_leaves_nothing():
 def test_a_short_run_takes_the_modelled_time(network, monkeypatch):
     """Gluon on a5a, 2 gloo processes, 60 steps at 500 kbit/s: the time per step the model
     gives from the run's own cost columns, make bench's compute time and the network parameters
-    of results/cost/network.json (measured by ``python -m scripts.shaped measure``) within 25%
+    of results/cost/network.json (measured by ``python -m benchmarks.shaped measure``) within 25%
     of the measured one, and the bytes on the wire within 20% of the modelled ones."""
     from paper import cost
-    from scripts import shaped
+    from benchmarks import shaped
     parameters = cost.NETWORK if cost.NETWORK.is_absolute() else REPO / cost.NETWORK
     if not parameters.exists():
-        pytest.skip("results/cost/network.json: run python -m scripts.shaped measure first")
+        pytest.skip("results/cost/network.json: run python -m benchmarks.shaped measure first")
     monkeypatch.setenv("SHAPED_NAME", "gflt")
     monkeypatch.setenv("SHAPED_NET", "10.207.34")
     shaped.prepare()

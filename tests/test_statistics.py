@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from paper import statistics as analysis
-from paper.statistics import (bootstrap_reduction, final_level, hit, reduction_rows, smooth,
+from analysis import statistics as analysis
+from analysis.statistics import (bootstrap_reduction, final_level, hit, reduction_rows, smooth,
                               t_interval_reduction)
 
 

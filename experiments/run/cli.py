@@ -70,7 +70,7 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
     once every job's config is known to be good). EnvironmentProblem if not."""
     from omegaconf import OmegaConf
 
-    from ..paths import REPO
+    from ..datasets import REPO
     if multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher") \
             and shutil.which("srun") is None:
         raise EnvironmentProblem(

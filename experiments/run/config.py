@@ -165,7 +165,7 @@ def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> Di
     running anything (with the ``hydra`` node when ``hydra`` is set): for scripts and tests."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from ..paths import REPO
+    from ..datasets import REPO
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
 

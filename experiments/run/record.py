@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..paths import REPO
+from ..datasets import REPO
 from . import runs
 from .atomic import atomic_write, atomic_write_text
 from .runs import FINISHED, read_summary  # noqa: F401 (re-exported: the readers' names)

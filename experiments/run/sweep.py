@@ -97,7 +97,7 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from ..paths import REPO
+    from ..datasets import REPO
     from . import config  # noqa: F401 (registers the typed schemas the configs name)
     from .cli import first_point
 

@@ -13,12 +13,12 @@ file under ``<results_dir>/cache/`` so that a later run loads them in about a se
   release, so figures made from it must say "CIFAR-10 (JPEG export)".
 
 ``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
-disk, else tries the download; if all fail, :class:`~experiments.paths.DataNotFoundError`
-lists every place it looked. Data directories are searched as in :mod:`experiments.paths`.
+disk, else tries the download; if all fail, :class:`~experiments.datasets.DataNotFoundError`
+lists every place it looked. Data directories are searched as in :mod:`experiments.datasets`.
 
 The cache is keyed by the source's content: the SHA-256 of each source file (the tarballs, the
 official batch files; checked against ``SHA256SUMS`` beside them where there is one, and hashed
-once per file version, :func:`experiments.paths.sha256`), or for an unpacked image folder the
+once per file version, :func:`experiments.datasets.sha256`), or for an unpacked image folder the
 names, sizes and modification times of its images. The cache records the row counts it decoded
 and is used only when they and the source's identity match, so a changed or truncated source is
 decoded again, never served from an older cache.
@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import paths as datasets
+from .. import datasets
 from ..run.atomic import atomic_write
-from ..paths import DataNotFoundError
+from ..datasets import DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 JPEG_DIR = "cifar10-jpeg"
@@ -292,7 +292,7 @@ def data_identity(data_dir, cache_dir, source: str = "auto") -> str | None:
 def check_data(cfg) -> None:
     """Before hydra makes a folder: the CIFAR-10 source a run of ``cfg`` would use is on disk
     and matches its SHA256SUMS, or may still be downloaded (``task.download``)."""
-    from ..paths import REPO
+    from ..datasets import REPO
     order = _order(cfg.task.source)
     for s in order:
         where = _on_disk(s, cfg.data_dir)

@@ -37,7 +37,7 @@ from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
 from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
 from .cifar10 import data_identity as _source_identity
 from ..run.config import method_hparams, plain
-from ..paths import REPO
+from ..datasets import REPO
 from . import Built
 from .sharding import HETEROGENEITY, split
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..paths import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
+from ..datasets import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
 from ..run.atomic import atomic_write_text
 from . import Built
 from .sharding import HETEROGENEITY, split

@@ -9,8 +9,8 @@ method (job type), and tagged with the figure, method, compressor and task
 grouped by the swept keys (seeds averaged, min-max band), with the suboptimality (or loss) on a
 log scale against communication and against bytes.
 
-    python -m paper.wandb_dashboard --print fig3          # the recipe, offline (JSON)
-    python -m paper.wandb_dashboard --entity ME --project gluon-fl fig3 fig4   # create them
+    python -m analysis.wandb_dashboard --print fig3          # the recipe, offline (JSON)
+    python -m analysis.wandb_dashboard --entity ME --project gluon-fl fig3 fig4   # create them
 
 Creating needs network, ``WANDB_API_KEY`` and the ``dashboards`` extra
 (``pip install -e '.[dashboards]'``: W&B's workspace API, wandb-workspaces); the recipe printed

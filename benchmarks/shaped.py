@@ -1,10 +1,10 @@
-"""Runs on a real shaped network (scripts/shaped_network.sh) against the cost model's predictions.
+"""Runs on a real shaped network (infra/shaped_network.sh) against the cost model's predictions.
 
-    python -m scripts.shaped measure [--rates 100kbit 20mbit] [--out results/cost/shaped.csv]
-    python -m scripts.shaped throughput [--bytes 2000000]   # goodput of worker 1 -> worker 0
-    python -m scripts.shaped rank ...                       # one worker (started by the above)
+    python -m benchmarks.shaped measure [--rates 100kbit 20mbit] [--out results/cost/shaped.csv]
+    python -m benchmarks.shaped throughput [--bytes 2000000]   # goodput of worker 1 -> worker 0
+    python -m benchmarks.shaped rank ...                       # one worker (started by the above)
 
-The network must be up (``scripts/shaped_network.sh up``; root). ``measure`` runs, at each rate,
+The network must be up (``infra/shaped_network.sh up``; root). ``measure`` runs, at each rate,
 Gluon and Alg. 1 on a5a at their Fig. 2 settings (configs/tuned/fig2_logreg/) with 2 gloo
 processes, one in each worker's namespace (the torch.distributed backend of ``comm=torchdist``:
 :class:`gluon.distributed.TorchDistComm`), until f - f* reaches the target (Gluon's final level
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NET_SH = REPO / "scripts" / "shaped_network.sh"
+NET_SH = REPO / "infra" / "shaped_network.sh"
 METHODS = ("gluon", "alg1")
 TARGET = 4.43e-3        # Gluon's final level in Fig. 2 (a5a, f - f*; README, reduction.csv)
 WORKERS = 2
@@ -167,7 +167,7 @@ def calibrate_main(args) -> None:
 # ---------------------------------------------------------------- the parent (root)
 
 def launch(sub: list[str], timeout: float) -> None:
-    """Start rank 0 and rank 1 of ``python -m scripts.shaped SUB`` in their namespaces."""
+    """Start rank 0 and rank 1 of ``python -m benchmarks.shaped SUB`` in their namespaces."""
     port = 29000 + os.getpid() % 1000
     procs = []
     for r in range(WORKERS):
@@ -175,11 +175,11 @@ def launch(sub: list[str], timeout: float) -> None:
                    MASTER_ADDR=sh("addr", "0"), MASTER_PORT=str(port),
                    GLOO_SOCKET_IFNAME=iface(r), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([str(NET_SH), "exec", str(r), sys.executable, "-m",
-                                       "scripts.shaped", *sub], env=env, cwd=REPO))
+                                       "benchmarks.shaped", *sub], env=env, cwd=REPO))
     try:
         for p in procs:
             if p.wait(timeout=timeout) != 0:
-                raise RuntimeError(f"scripts.shaped {' '.join(sub)}: a rank failed")
+                raise RuntimeError(f"benchmarks.shaped {' '.join(sub)}: a rank failed")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -255,7 +255,7 @@ def measure(args) -> None:
         print(f"calibration at {rate}: {json.dumps(cal[rate])}", flush=True)
     network = cost.fit_network(cal[low], cal[high])
     load = os.getloadavg()
-    network.update(source=f"python -m scripts.shaped measure (calibration loops of collectives, "
+    network.update(source=f"python -m benchmarks.shaped measure (calibration loops of collectives, "
                           f"2 gloo processes, HTB at {low} and {high}; load {load[0]:.1f})",
                    calibration=cal)
     print(f"network: {json.dumps({k: v for k, v in network.items() if k != 'calibration'})}",
@@ -280,7 +280,7 @@ def measure(args) -> None:
         fh.write(f"# a5a, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
                  f"seed {args.seed}; target f - f* <= {args.target:g} (evaluated every "
                  f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
-                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; python -m scripts.shaped measure\n")
+                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; python -m benchmarks.shaped measure\n")
         w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
         w.writeheader()
         w.writerows(out_rows)

@@ -1,6 +1,6 @@
 """Throughput of every method on a5a (n = 4 simulated workers), and where the time goes.
 
-    python -m scripts.bench_logreg [--steps 10000] [--repeats 3] [--out results/bench/logreg.md]
+    python -m benchmarks.bench_logreg [--steps 10000] [--repeats 3] [--out results/bench/logreg.md]
 
 Each method runs ``--steps`` iterations at Fig. 2-like settings (RandK/TopK 1%, q = 0.1,
 B = 4) with one torch thread, without evaluation or logging; the best of ``--repeats`` timings
@@ -20,7 +20,7 @@ import torch
 
 import gluon
 import gluon.methods as gm
-from experiments.paths import libsvm_file
+from experiments.datasets import libsvm_file
 from experiments.tasks.logreg import LogRegOracle, load_libsvm, split
 
 SETTINGS = {

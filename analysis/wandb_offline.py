@@ -6,7 +6,7 @@ the file is a 7-byte header (``:W&B``, magic, version) followed by LevelDB-log s
 the records are ``wandb_internal_pb2.Record`` protobufs. Used by the tests and to check what a
 compute node wrote before ``wandb sync``:
 
-    python -m experiments.run.wandb_offline results/sweeps/fig3/*/*/wandb/offline-run-*
+    python -m analysis.wandb_offline results/sweeps/fig3/*/*/wandb/offline-run-*
 """
 from __future__ import annotations
 

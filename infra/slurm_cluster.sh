@@ -2,12 +2,12 @@
 # A one-node SLURM cluster on this machine (slurmctld + slurmd on the local host), for the
 # `make test-slurm` target and for rehearsing a cluster sweep before using a real one.
 #
-#   scripts/slurm_cluster.sh up        # install slurm-wlm + munge if missing, start munged,
+#   infra/slurm_cluster.sh up        # install slurm-wlm + munge if missing, start munged,
 #                                      # slurmctld and slurmd, wait until the node is idle
-#   scripts/slurm_cluster.sh status    # exit 0 when the cluster answers and its node is usable
-#   scripts/slurm_cluster.sh down      # cancel every job, stop the daemons this script started
-#   scripts/slurm_cluster.sh conf      # print the path of its slurm.conf
-#   scripts/slurm_cluster.sh run -- CMD [ARGS...]
+#   infra/slurm_cluster.sh status    # exit 0 when the cluster answers and its node is usable
+#   infra/slurm_cluster.sh down      # cancel every job, stop the daemons this script started
+#   infra/slurm_cluster.sh conf      # print the path of its slurm.conf
+#   infra/slurm_cluster.sh run -- CMD [ARGS...]
 #                                      # up (unless already up), CMD with SLURM_CONF set, then
 #                                      # down (only if this call brought it up); CMD's exit status
 #
@@ -22,7 +22,7 @@
 # may start again) so that tests of preemption and requeue take seconds, not minutes.
 # Its slurm.conf, state, spool and logs are in .slurm/ (git-ignored; GLUON_SLURM_CLUSTER_DIR
 # to put them elsewhere). The job state survives `down` + `up` (job ids keep increasing).
-# Clients find the config through SLURM_CONF (`export SLURM_CONF=$(scripts/slurm_cluster.sh
+# Clients find the config through SLURM_CONF (`export SLURM_CONF=$(infra/slurm_cluster.sh
 # conf)`); when /etc/slurm/slurm.conf does not exist, `up` also links it there (and `down`
 # removes the link), so that plain `sbatch` / `squeue` work too.
 set -euo pipefail
@@ -110,7 +110,7 @@ write_conf() {
     [[ $hw == *CPUs=* && $hw == *RealMemory=* ]] || die "unexpected 'slurmd -C' output: $hw"
     mkdir -p "$DIR/state" "$DIR/spool" "$RUN" "$LOG"
     cat >"$CONF" <<EOF
-# Written by scripts/slurm_cluster.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ); rewritten by each 'up'.
+# Written by infra/slurm_cluster.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ); rewritten by each 'up'.
 ClusterName=gluon-local
 SlurmctldHost=$node(127.0.0.1)
 SlurmUser=root

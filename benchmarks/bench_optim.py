@@ -1,6 +1,6 @@
 """What gluon.optim costs on top of the gradients: DDP + SGD with momentum vs Gluon (q = 1).
 
-    python -m scripts.bench_optim [--world 2] [--steps 100] [--widths 16 64 64] [--batch 64]
+    python -m benchmarks.bench_optim [--world 2] [--steps 100] [--widths 16 64 64] [--batch 64]
                                   [--out results/bench/optim.md]
 
 ``--world`` gloo processes (one thread each) train the same model (the airbench CNN of the CPU
@@ -42,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 import gluon
 from experiments.run.world import free_port
 from experiments.tasks.airbench import Airbench94
-from scripts.bench_cnn import Clock
+from benchmarks.bench_cnn import Clock
 
 CPU_WIDTHS = [16, 64, 64]
 PARTS = ["gradients (fwd+bwd)", "averaging", "LMO step", "rest"]

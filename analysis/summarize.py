@@ -1,8 +1,8 @@
 """A table of every config in a sweep: final and best metric, uplink, status, over seeds.
 
-    python -m experiments.run.summarize results/sweeps/fig3
-    python -m experiments.run.summarize results/sweeps/tune_fig2 --sort comm --out tune.csv
-    python -m experiments.run.summarize results/sweeps/fig2_cnn_cpu --metric test_acc --per-run
+    python -m analysis.summarize results/sweeps/fig3
+    python -m analysis.summarize results/sweeps/tune_fig2 --sort comm --out tune.csv
+    python -m analysis.summarize results/sweeps/fig2_cnn_cpu --metric test_acc --per-run
 
 The runs are the sweep's job folders (:func:`experiments.run.sweep.sweep_runs`: every folder
 holding ``.hydra/overrides.yaml``, with its status). Runs whose configs differ only in the seed
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import runs as R
-from .atomic import atomic_write_text
-from .record import FINISHED, read_summary
-from .sweep import sweep_runs
+from experiments.run import runs as R
+from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import FINISHED, read_summary
+from experiments.run.sweep import sweep_runs
 
 STATUS_ORDER = ("ok", "diverged", "damaged", "failed", "interrupted", "running", "missing")
 NUMERIC = ("comm", "steps", "train_s")
@@ -167,7 +167,7 @@ def schema_order() -> list[str]:
     the a5a schema's keys first, then the CNN's."""
     from dataclasses import asdict
 
-    from .config import CnnConfig, LogRegConfig
+    from experiments.run.config import CnnConfig, LogRegConfig
     order: dict[str, None] = {}
     for schema in (LogRegConfig, CnnConfig):
         order.update(dict.fromkeys(R.flatten(asdict(schema()))))
@@ -309,7 +309,7 @@ def header(info: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m experiments.run.summarize",
+        prog="python -m analysis.summarize",
         description="A table of every config in a sweep (final and best metric, uplink, "
                     "status, mean and spread over seeds), printed and written as CSV.")
     p.add_argument("sweep", help="a sweep folder, e.g. results/sweeps/fig3")

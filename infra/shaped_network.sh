@@ -2,12 +2,12 @@
 # A real shaped network on this machine: one network namespace per worker, each joined by a
 # veth pair to a bridge, each worker's uplink limited by tc HTB (docs/cost.md).
 #
-#   scripts/shaped_network.sh up [RATE]       # create it (RATE: tc syntax, e.g. 10mbit)
-#   scripts/shaped_network.sh rate RATE       # change every worker's uplink rate in place
-#   scripts/shaped_network.sh status          # namespaces, addresses, HTB classes and counters
-#   scripts/shaped_network.sh exec I CMD ...  # run CMD in worker I's namespace
-#   scripts/shaped_network.sh addr I          # worker I's address
-#   scripts/shaped_network.sh down            # remove everything it created
+#   infra/shaped_network.sh up [RATE]       # create it (RATE: tc syntax, e.g. 10mbit)
+#   infra/shaped_network.sh rate RATE       # change every worker's uplink rate in place
+#   infra/shaped_network.sh status          # namespaces, addresses, HTB classes and counters
+#   infra/shaped_network.sh exec I CMD ...  # run CMD in worker I's namespace
+#   infra/shaped_network.sh addr I          # worker I's address
+#   infra/shaped_network.sh down            # remove everything it created
 #
 # Needs root, ip(8) and tc(8) (iproute2) and the htb qdisc. Settings (environment):
 #   SHAPED_WORKERS  number of workers, one namespace each            (default 2)

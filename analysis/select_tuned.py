@@ -1,6 +1,6 @@
 """Pick each method's best setting from a tuning sweep and write it as a hydra config.
 
-    python -m paper.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
+    python -m analysis.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
 
 Criterion (stated in every file written): the mean over seeds of the average of log10(metric)
 over the communication range [0, budget], i.e. the area under the log curve against uplink
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from paper.statistics import group_runs, load_runs, log_area, write_csv
+from analysis.statistics import group_runs, load_runs, log_area, write_csv
 
 CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of uplink cost "
              "in [0, {budget:g}] (area under the log curve)")
@@ -79,7 +79,7 @@ def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
     given = lambda node: {k: v for k, v in node.items() if v is not None}   # unset: the default
     body = OmegaConf.to_yaml(OmegaConf.create({"method": given(cfg["method"]),
                                                "compressor": given(cfg["compressor"])}))
-    return (f"# @package _global_\n# Written by paper/select_tuned.py from {source}.\n"
+    return (f"# @package _global_\n# Written by analysis/select_tuned.py from {source}.\n"
             f"# Criterion: {criterion}; score {score:.4f} (lower is better).\n"
             f"defaults:\n  - override /method: {cfg['method']['name']}\n"
             f"  - override /compressor: {cfg['compressor']['name']}\n\n{body}")

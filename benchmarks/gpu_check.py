@@ -1,7 +1,7 @@
 """One-shot check of the CNN experiment on a GPU (a few minutes at most): run it as is.
 
-    python -m scripts.gpu_check [--out results/gpu_check/gpu_check.json]     # make gpu-check
-    python -m scripts.gpu_check --device cpu --tiny                          # the same on CPU, tiny
+    python -m benchmarks.gpu_check [--out results/gpu_check/gpu_check.json]     # make gpu-check
+    python -m benchmarks.gpu_check --device cpu --tiny                          # the same on CPU, tiny
 
 Without CUDA (and without ``--device``) it prints that no GPU was found, checks and writes
 nothing, and exits 0. With CUDA, at the paper profile (airbench94 widths 64/256/256, batch 16,
@@ -101,7 +101,7 @@ def synthetic(n_train: int, n_test: int, seed: int = 0, classes: int = 10):
     trx, tr_y = make(n_train)
     tex, te_y = make(n_test)
     return Cifar(trx, tr_y, tex, te_y, [f"c{i}" for i in range(classes)], "synthetic",
-                 "scripts.gpu_check synthetic images")
+                 "benchmarks.gpu_check synthetic images")
 
 
 def find_data(args) -> tuple:
@@ -512,7 +512,7 @@ def machine(device: str) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scripts.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="benchmarks.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when available, else report that no GPU was found and exit 0")

@@ -1,6 +1,6 @@
 """Where a step of the CNN experiment goes on CPU: each method against the gradients it must compute.
 
-    python -m scripts.bench_cnn [--steps 200] [--methods gluon alg1 alg2 ef21_muon] [--threads 1]
+    python -m benchmarks.bench_cnn [--steps 200] [--methods gluon alg1 alg2 ef21_muon] [--threads 1]
                                 [--widths 16 64 64] [--out results/bench/cnn.md]
 
 Builds the CIFAR-10 task as ``experiments.cnn`` does at the CPU profile by default (airbench94

@@ -1,6 +1,6 @@
 """Per-step wall time and uplink bytes: in-process simulation vs n gloo processes (a5a).
 
-    PYTHONPATH=. python -m scripts.bench_dist [--steps 300] [--world 4]
+    PYTHONPATH=. python -m benchmarks.bench_dist [--steps 300] [--world 4]
 
 Builds the a5a task as ``python -m experiments.logreg`` does (``comm=sim`` and
 ``comm=torchdist``) for alg1 with RandK 1% (q = 0.1, B = 4) and gluon (dense, q = 1), runs

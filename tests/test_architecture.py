@@ -1,0 +1,61 @@
+"""docs/architecture.md's path of one run is the set of project files a run really loads."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments import datasets
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = ("experiments", "hydra_plugins", "analysis", "paper", "benchmarks")   # all but gluon/
+# the run, then the project modules it loaded (package __init__ files that hold nothing excluded)
+TRACE = r"""
+import json, runpy, sys
+from pathlib import Path
+repo = Path.cwd().resolve()
+sys.argv = ["experiments.logreg", "method=gluon", "steps=2", "wandb.mode=disabled",
+            "hydra.run.dir=" + sys.argv[1]]
+try:
+    runpy.run_module("experiments.logreg", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    assert not e.code, e.code
+files = set()
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None)
+    if f and Path(f).resolve().is_relative_to(repo):
+        p = Path(f).resolve()
+        if p.name == "__init__.py" and not p.read_text().strip():
+            continue
+        files.add(str(p.relative_to(repo)))
+print(json.dumps(sorted(files)))
+"""
+
+
+def documented_path() -> list[str]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("### The path of one run")[1].split("###")[0]
+    return re.findall(r"^\d+\. `([^`]+)`", section, flags=re.M)
+
+
+def test_the_documented_run_path_is_what_a_run_loads(tmp_path):
+    datasets.libsvm_file("a5a", download=False)          # the run needs the data
+    out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path / "run")], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = {f for f in json.loads(out.stdout.strip().splitlines()[-1])
+              if f.split("/")[0] in PROJECT}
+    listed = documented_path()
+    assert len(listed) == len(set(listed)), "a file listed twice"
+    assert set(listed) == loaded, (f"loaded but not documented: {sorted(loaded - set(listed))}; "
+                                   f"documented but not loaded: {sorted(set(listed) - loaded)}")
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_the_library_imports_nothing_above_it():
+    for f in (REPO / "gluon").glob("*.py"):
+        imports = re.findall(r"^\s*(?:from|import) (experiments|analysis|paper|benchmarks|hydra)\b",
+                             f.read_text(), flags=re.M)
+        assert not imports, f"{f.name} imports {imports}"
