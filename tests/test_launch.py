@@ -145,7 +145,7 @@ def test_failed_run_does_not_stop_the_sweep_and_rerun_redoes_only_it(tmp_path, r
     args = ["task.l2=0.0001,0.001", "steps=60", "log_every=20", f"results_dir={results}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     first = sweep(*args, env=env)
-    assert first.returncode != 0                          # the sweep reports the failure ...
+    assert first.returncode == 1                          # the sweep reports the failure ...
     runs = {_param(d, tmp_path / "sweep", "task.l2"): s
             for d, s in sweep_runs(tmp_path / "sweep").items()}
     assert runs == {"0.001": "failed", "0.0001": "ok"}                 # ... after every job

@@ -440,7 +440,7 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
 
     A single run raises on failure. Inside a multirun (``-m``, any launcher) a failing run is
     recorded (summary.json, status "failed"), reported, and the sweep goes on with the other
-    runs; :class:`experiments.run.sweep.SweepReport` then lists the failures and makes the sweep
+    runs; :func:`experiments.run.sweep.report` then lists the failures and makes the sweep
     exit non-zero. Re-running the sweep re-runs only the failed and unfinished runs.
     """
     from hydra.core.hydra_config import HydraConfig

@@ -1,29 +1,17 @@
-"""What a multirun did, reported at its end (a hydra callback, any launcher).
+"""A sweep: what it did, reported at its end, and what a SLURM sweep would submit.
 
 Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.lifecycle.
-run_hydra_job`); this callback lists, once every job has returned, each run of this sweep that
-is not finished - failed, damaged, interrupted (a checkpoint but no summary) or missing: the
-statuses of :mod:`experiments.run.runs` - and exits with status 1 so that the command (and
-``make``) fails. Re-running the same command re-runs only
-those (finished runs are skipped). ``hydra.callbacks.sweep_report.fail=false`` only reports.
-
-Enabled in an experiment's primary config::
-
-    hydra:
-      callbacks:
-        sweep_report:
-          _target_: experiments.run.sweep.SweepReport
+run_hydra_job`). Once every job has returned, the sweeper (:mod:`hydra_plugins.gluon_sweeper`,
+any launcher) calls :func:`report`: it lists each run of this sweep that is not finished -
+failed, damaged, interrupted (a checkpoint but no summary) or missing: the statuses of
+:mod:`experiments.run.runs` - and exits with status 1 so that the command (and ``make``) fails.
+Re-running the same command re-runs only those (finished runs are skipped).
 """
 from __future__ import annotations
 
 import sys
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
 from .runs import FINISHED
 from .runs import status as run_status
@@ -41,32 +29,21 @@ def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:
     return runs
 
 
-# runs found finished before launch (hydra_plugins.gluon_sweeper, this process), for SweepReport
-SKIPPED: dict[Path, str] = {}
-
-
-class SweepReport(Callback):
-    def __init__(self, fail: bool = True) -> None:
-        self.fail = fail
-        self.t0: float | None = None
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.t0 = time.time() - 1.0   # file times can be coarser than time.time()
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        runs = {**SKIPPED, **sweep_runs(sweep_dir, self.t0)}
-        counts = Counter(runs.values())
-        print(f"[sweep] {sweep_dir}: {len(runs)} runs: "
-              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), flush=True)
-        bad = {d: s for d, s in runs.items() if s not in FINISHED}
-        for d, s in bad.items():
-            print(f"[sweep]   {s}: {d}", flush=True)
-        if bad and self.fail:
-            # hydra turns a callback's exception into a warning: exit non-zero ourselves
-            print(f"[sweep] {len(bad)} of {len(runs)} runs did not finish; re-run the same "
-                  "command to re-run only those", file=sys.stderr, flush=True)
-            raise SystemExit(1)
+def report(sweep_dir: Path, skipped: dict[Path, str], since: float) -> None:
+    """Print what the sweep in ``sweep_dir`` did: the runs found finished before launch
+    (``skipped``) and those launched since ``since`` (a time), by status; exit with status 1
+    when any launched run did not finish."""
+    runs = {**skipped, **sweep_runs(sweep_dir, since)}
+    counts = Counter(runs.values())
+    print(f"[sweep] {sweep_dir}: {len(runs)} runs: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), flush=True)
+    bad = {d: s for d, s in runs.items() if s not in FINISHED}
+    for d, s in bad.items():
+        print(f"[sweep]   {s}: {d}", flush=True)
+    if bad:
+        print(f"[sweep] {len(bad)} of {len(runs)} runs did not finish; re-run the same "
+              "command to re-run only those", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
 # ---------------------------------------------------------------- what a SLURM sweep submits

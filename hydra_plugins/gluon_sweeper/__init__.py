@@ -5,6 +5,7 @@ this one (``hydra.sweeper._target_``).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -26,6 +27,16 @@ class SkipFinishedSweeper(BasicSweeper):
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         from experiments.tasks import task_module
         self.task = task_module(config.task.name)        # the registered task (experiments.tasks)
+        self.skipped: dict[Path, str] = {}               # runs found finished, not launched
+
+    def sweep(self, arguments):                          # noqa: D401 (hydra's hook)
+        """Hydra's sweep, then the report of every run (:func:`experiments.run.sweep.report`):
+        a sweep with runs that did not finish exits with status 1."""
+        from experiments.run.sweep import report
+        since = time.time() - 1.0             # file times can be coarser than time.time()
+        results = super().sweep(arguments)
+        report(Path(self.config.hydra.sweep.dir), self.skipped, since)
+        return results
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
         from experiments.run.cli import (composition_message, fail, launcher_starts_workers,
@@ -33,7 +44,6 @@ class SkipFinishedSweeper(BasicSweeper):
         from experiments.run.config import ConfigError, plain, validate
         from experiments.run.runs import is_finished, read_summary
         from experiments.run.runs import EnvironmentProblem
-        from experiments.run.sweep import SKIPPED
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
         check_world = not launcher_starts_workers(self.config)
         check_data = getattr(self.task, "check_data", None)
@@ -64,7 +74,7 @@ class SkipFinishedSweeper(BasicSweeper):
             if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(plain(cfg)),
                                                         data):
                 print(f"[skip] {run_dir}: already finished with this config", flush=True)
-                SKIPPED[run_dir] = read_summary(run_dir).get("status", "ok")
+                self.skipped[run_dir] = read_summary(run_dir).get("status", "ok")
             else:
                 todo.append(job)
         if not todo:
