@@ -337,7 +337,8 @@ def _dist_run(spec: dict, rank: int, dense: str) -> dict:
     """One rank's alg1 run on TorchDistComm, built exactly as gluon.simulate builds worker rank."""
     import torch.distributed as dist
     from experiments.tasks.cnn import build
-    from experiments.run.config import method_hparams, validate
+    from experiments.run.config import validate
+    from experiments.tasks import settings
     from gluon import Worker, make_method
     from gluon.distributed import TorchDistComm
     cfg = compose_cfg(overrides(spec, DIST_METHOD, spec["dist_steps"], DIST_WORLD))
@@ -347,7 +348,7 @@ def _dist_run(spec: dict, rank: int, dense: str) -> dict:
     comm = TorchDistComm(cfg.seed, dense=dense)
     worker = Worker(rank, sim.workers[rank].oracle, cfg.seed)
     method = make_method(cfg.method.name, sim.params, [worker], comm, compressor=compressor,
-                         blocks=sim.update.blocks, seed=cfg.seed, **method_hparams(cfg.method))
+                         blocks=sim.update.blocks, seed=cfg.seed, **settings(cfg.method))
     syncs = 0
     while method.k < spec["dist_steps"]:
         syncs += bool(method.u)

@@ -59,3 +59,12 @@ def test_the_library_imports_nothing_above_it():
         imports = re.findall(r"^\s*(?:from|import) (experiments|analysis|paper|benchmarks|hydra)\b",
                              f.read_text(), flags=re.M)
         assert not imports, f"{f.name} imports {imports}"
+
+
+def test_tasks_import_nothing_from_the_run_config():
+    """A task receives its config and shares helpers through experiments.tasks alone."""
+    for f in (REPO / "experiments" / "tasks").glob("*.py"):
+        bad = re.findall(r"^\s*from (?:\.\.run\.config|experiments\.run\.config|\.\.run) import .*$",
+                         f.read_text(), flags=re.M)
+        bad = [b for b in bad if "config" in b]
+        assert not bad, f"{f.name}: {bad}"

@@ -37,7 +37,7 @@ from experiments.run.runs import is_finished
 from experiments.run.sweep import run_status, sweep_runs
 from experiments.tasks import cifar10 as cifar
 from experiments.tasks import logreg
-from experiments.tasks.sharding import split
+from experiments.tasks import split
 from tests.conftest import REPO, compose_config
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}

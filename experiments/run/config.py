@@ -22,11 +22,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from gluon import make_compressor, resolve_method
 
-from .runs import OPERATIONAL, folder_name  # noqa: F401 (OPERATIONAL: for callers)
-
-
-class ConfigError(ValueError):
-    """A bad config: reported in one line, exit status 2, before any compute."""
+from ..tasks import resolved, settings
+from .runs import OPERATIONAL, ConfigError, folder_name  # noqa: F401 (for callers)
 
 
 # ---------------------------------------------------------------- the schema
@@ -195,24 +192,11 @@ if not OmegaConf.has_resolver("gluon_run_folder"):
 
 # ---------------------------------------------------------------- building and checking
 
-def plain(cfg: DictConfig) -> DictConfig:
-    """``cfg`` resolved, with enums as their strings (what tasks and records see)."""
-    keys = [k for k in cfg.keys() if k != "hydra"]
-    return OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True,
-                                                   enum_to_str=True))
-
-
-def _given(node: DictConfig) -> dict:
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True, enum_to_str=True).items()
-            if k != "name" and v is not None}
+plain = resolved            # a config resolved, enums as strings (experiments.tasks.resolved)
 
 
 def build_compressor(cfg: DictConfig):
-    return make_compressor(cfg.name, **_given(cfg))
-
-
-def method_hparams(cfg: DictConfig) -> dict:
-    return _given(cfg)
+    return make_compressor(cfg.name, **settings(cfg))
 
 
 def _check(ok: bool, key: str, value, allowed: str) -> None:
@@ -268,7 +252,7 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
     except (ValueError, TypeError) as err:
         raise ConfigError(f"compressor={cfg.compressor.name}: {err}") from None
     try:
-        resolve_method(cfg.method.name, compressor, method_hparams(cfg.method))
+        resolve_method(cfg.method.name, compressor, settings(cfg.method))
     except ValueError as err:
         raise ConfigError(f"method={cfg.method.name}: {err}") from None
     if task is not None:

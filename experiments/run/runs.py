@@ -71,6 +71,10 @@ class EnvironmentProblem(Exception):
     exit_code = 2
 
 
+class ConfigError(ValueError):
+    """A bad config: reported in one line, exit status 2, before any compute."""
+
+
 class MetricsError(ValueError):
     """A line of metrics.jsonl that is not a row (garbled, or cut by a kill)."""
 

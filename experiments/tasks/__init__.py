@@ -7,11 +7,17 @@ offers the run lifecycle (:mod:`experiments.run.lifecycle`) two functions:
 * ``build(cfg, compressor, world) -> Built``: the method over the workers this process hosts.
 
 :data:`TASKS` registers them by ``task.name``, the name every config, record and figure uses.
+What every task shares is here too: :func:`resolved` (a config as tasks read it),
+:func:`settings` (a method's or compressor's settings) and :func:`split` (worker shards).
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable, NamedTuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 from gluon.methods import Method
 
@@ -36,3 +42,44 @@ def task_module(name: str):
     except KeyError:
         raise ValueError(f"task.name={name}: no such task; the tasks are "
                          f"{', '.join(sorted(TASKS))}") from None
+
+
+# ---------------------------------------------------------------- what every task shares
+
+def resolved(cfg: DictConfig) -> DictConfig:
+    """``cfg`` resolved, with enums as their strings and without hydra's node: a config as
+    tasks and records read it (a config already resolved comes back equal)."""
+    keys = [k for k in cfg.keys() if k != "hydra"]
+    return OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True,
+                                                   enum_to_str=True))
+
+
+def settings(node: DictConfig) -> dict:
+    """The settings a method's or compressor's config node gives: its keys less ``name`` and
+    less those left unset (null), for ``gluon.simulate`` and ``gluon.make_compressor``."""
+    return {k: v for k, v in OmegaConf.to_container(node, resolve=True, enum_to_str=True).items()
+            if k != "name" and v is not None}
+
+
+HETEROGENEITY = ("iid", "label_skew")
+
+
+def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
+          heterogeneity: str = "iid") -> list[Tensor]:
+    """Worker shards: index shards of equal size (the remainder is dropped so f = mean of the f^tau).
+
+    ``iid``: a random permutation cut in n_workers pieces. ``label_skew``: examples sorted by
+    label (ties broken at random) before cutting, so workers see different class balances.
+    """
+    if n_workers < 1 or n_workers > n:
+        raise ValueError(f"n_workers must be in [1, {n}], got {n_workers}")
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=gen)
+    if heterogeneity == "label_skew":
+        if labels is None:
+            raise ValueError("label_skew needs labels")
+        perm = perm[torch.argsort(labels[perm], stable=True)]
+    elif heterogeneity != "iid":
+        raise ValueError(f"unknown heterogeneity {heterogeneity!r}; use 'iid' or 'label_skew'")
+    size = n // n_workers
+    return [perm[i * size:(i + 1) * size] for i in range(n_workers)]

@@ -1,6 +1,6 @@
 """The CIFAR-10 airbench CNN task (docs/algorithms.md section 6): worker oracles, evaluation, ``build``.
 
-Worker tau holds a shard of the training set (``experiments.tasks.sharding.split``: iid by default,
+Worker tau holds a shard of the training set (``experiments.tasks.split``: iid by default,
 ``label_skew`` optional) and minimises the mean cross-entropy of airbench94 on augmented
 minibatches of ``batch_size`` images. Gradients come from :class:`gluon.worker.ModuleOracle`
 (``torch.func.functional_call`` on one shared module), so the same module evaluates gradients at
@@ -36,10 +36,8 @@ from gluon.worker import ModuleOracle
 from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
 from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
 from .cifar10 import data_identity as _source_identity
-from ..run.config import method_hparams, plain
 from ..datasets import REPO
-from . import Built
-from .sharding import HETEROGENEITY, split
+from . import HETEROGENEITY, Built, resolved, settings, split
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -230,7 +228,7 @@ def data_identity(cfg: DictConfig) -> str | None:
 
 def check(cfg: DictConfig) -> None:
     """The CNN task's own checks (before any data is loaded)."""
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     if cfg.task.heterogeneity not in HETEROGENEITY:
         raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
                          f"{', '.join(HETEROGENEITY)}")
@@ -245,7 +243,7 @@ def check(cfg: DictConfig) -> None:
 def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) -> Built:
     """The simulated method, the evaluation closure and what the summary records for CIFAR-10.
     ``data`` replaces the dataset (tests pass a tiny synthetic one)."""
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     t = cfg.task
     device = pick_device(cfg.device)
     data = data if data is not None else load_data(cfg)
@@ -275,7 +273,7 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
     method = simulate_module(cfg.method.name, model, oracles, compressor=compressor, comm=comm,
                              lmo_rules=rules, lmo_default=t.lmo_default, ns_steps=t.ns_steps,
                              head_scale=t.get("head_scale", 16.0),
-                             seed=cfg.seed, **method_hparams(cfg.method))
+                             seed=cfg.seed, **settings(cfg.method))
 
     ev_train = used[_subset(len(used), t.eval_train, t.split_seed + 1)]
     ev_test = _subset(len(test_y), t.eval_test, t.split_seed + 2)

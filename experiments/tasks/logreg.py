@@ -32,8 +32,8 @@ from gluon.worker import Oracle
 
 from ..datasets import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
 from ..run.atomic import atomic_write_text
-from . import Built
-from .sharding import HETEROGENEITY, split
+from ..run.runs import ConfigError
+from . import HETEROGENEITY, Built, resolved, settings, split
 
 N_FEATURES = 123
 log = logging.getLogger("experiments.run")
@@ -206,8 +206,7 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
 
 def check(cfg) -> None:
     """The a5a task's own checks (the dataset file is looked for when the data is loaded)."""
-    from ..run.config import plain
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     if cfg.task.heterogeneity not in HETEROGENEITY:
         raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
                          f"{', '.join(HETEROGENEITY)}")
@@ -231,8 +230,7 @@ def check_data(cfg) -> None:
     """The data a run of ``cfg`` needs, before hydra makes a folder: the file exists (or can
     be downloaded), matches SHA256SUMS, parses, and has a row for every worker. Writes
     nothing, except a download."""
-    from ..run.config import ConfigError, plain
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     _, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg), remember=False)
     if cfg.n_workers > data["rows"]:
         raise ConfigError(f"n_workers={cfg.n_workers}: {cfg.task.dataset} has {data['rows']} "
@@ -256,8 +254,7 @@ def shard_note(rows: int, n_workers: int, batch_size: int) -> str | None:
 def build(cfg, compressor, world=None) -> Built:
     """The method over the workers this process hosts (all of them in a simulation), the
     evaluation (f(x) - f* on the full training set) and what the summary records."""
-    from ..run.config import method_hparams, plain
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     A, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg))
     note = shard_note(len(b), cfg.n_workers, cfg.batch_size)
     if note:
@@ -277,7 +274,7 @@ def build(cfg, compressor, world=None) -> Built:
                for r in ranks}
     x = torch.zeros(A.shape[1])
     method = simulate(cfg.method.name, [x], oracles, compressor=compressor, seed=cfg.seed,
-                      comm=comm, **method_hparams(cfg.method))
+                      comm=comm, **settings(cfg.method))
 
     def evaluate(m):
         loss = f(m.params[0].double().numpy())
