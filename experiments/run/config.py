@@ -90,7 +90,7 @@ class RunConf:
     overwrite: bool = False
     threads: int = 1
     group: Optional[str] = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = MISSING     # steps between checkpoints (each entry point's yaml)
     keep_checkpoint: bool = False
     comm: CommKind = CommKind.sim       # sim | torchdist (one worker per process)
     dense_collective: DenseCollective = DenseCollective.all_reduce
@@ -99,11 +99,12 @@ class RunConf:
 
 @dataclass
 class LogRegTask:
-    name: str = "a5a"
-    dataset: str = "a5a"
-    l2: float = 1e-4
-    heterogeneity: Heterogeneity = Heterogeneity.iid
-    split_seed: int = 0
+    """The a5a task's keys, typed; their values live in configs/task/a5a.yaml alone."""
+    name: str = MISSING
+    dataset: str = MISSING
+    l2: float = MISSING
+    heterogeneity: Heterogeneity = MISSING
+    split_seed: int = MISSING
 
 
 @dataclass
@@ -113,36 +114,37 @@ class LogRegConfig(RunConf):
 
 @dataclass
 class CifarTask:
-    name: str = "cifar10"
-    source: str = "auto"
-    download: bool = True
-    heterogeneity: Heterogeneity = Heterogeneity.iid
-    split_seed: int = 0
-    widths: List[int] = field(default_factory=lambda: [64, 256, 256])
-    whiten_images: int = 5000
-    whiten_eps: float = 5e-4
-    whiten_bias_trainable: bool = False
-    bn_weight_trainable: bool = False
-    label_smoothing: float = 0.0
-    flip: bool = True
-    translate: int = 2
-    lmo_default: str = "scion"
-    ns_steps: int = 5
-    head_scale: float = 16.0
-    lmo_rules: List[Any] = field(default_factory=list)
-    eval_train: int = 2048
-    eval_test: Optional[int] = None
-    channels_last: bool = True
-    amp: bool = True
-    amp_cpu: bool = False
-    max_chunk: int = 1024
+    """The CIFAR-10 task's keys, typed; their values live in configs/task/cifar10.yaml alone."""
+    name: str = MISSING
+    source: str = MISSING
+    download: bool = MISSING
+    heterogeneity: Heterogeneity = MISSING
+    split_seed: int = MISSING
+    widths: List[int] = MISSING
+    whiten_images: int = MISSING
+    whiten_eps: float = MISSING
+    whiten_bias_trainable: bool = MISSING
+    bn_weight_trainable: bool = MISSING
+    label_smoothing: float = MISSING
+    flip: bool = MISSING
+    translate: int = MISSING
+    lmo_default: str = MISSING
+    ns_steps: int = MISSING
+    head_scale: float = MISSING
+    lmo_rules: List[Any] = MISSING
+    eval_train: int = MISSING
+    eval_test: Optional[int] = MISSING
+    channels_last: bool = MISSING
+    amp: bool = MISSING
+    amp_cpu: bool = MISSING
+    max_chunk: int = MISSING
 
 
 @dataclass
 class CnnConfig(RunConf):
     task: CifarTask = field(default_factory=CifarTask)
-    eval_every: int = 100
-    device: str = "auto"
+    eval_every: int = MISSING          # configs/cnn.yaml
+    device: str = MISSING              # configs/cnn.yaml
 
 
 SCHEMAS = {"a5a": LogRegConfig, "cifar10": CnnConfig}     # by task.name

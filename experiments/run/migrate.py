@@ -52,15 +52,19 @@ def data_identity(config: dict) -> str | None:
 
 def added_keys(config: dict) -> list[str]:
     """Add to ``config`` (in place) the keys its task's schema has and it lacks, at their
-    defaults; return their dotted names."""
+    defaults (the schema's; a task's own in ``configs/task/<name>.yaml``); return their dotted
+    names."""
     from omegaconf import OmegaConf
 
     from .config import SCHEMAS
     schema = SCHEMAS.get((config.get("task") or {}).get("name"))
     if schema is None:
         return []
+    from ..datasets import REPO
     defaults = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True,
                                       throw_on_missing=False)
+    task = REPO / "configs" / "task" / f"{config['task']['name']}.yaml"   # the task's defaults
+    defaults["task"] = OmegaConf.to_container(OmegaConf.load(task))
     added = []
 
     def fill(have: dict, want: dict, prefix: str) -> None:

@@ -210,7 +210,7 @@ def _subset(n: int, size: int | None, seed: int) -> Tensor:
 
 
 def make_model(t: DictConfig, batch_size: int) -> Airbench94:
-    return Airbench94(widths=tuple(t.get("widths") or (64, 256, 256)), ghost_batch=batch_size,
+    return Airbench94(widths=tuple(t.widths), ghost_batch=batch_size,
                       bn_weight_trainable=t.bn_weight_trainable,
                       whiten_bias_trainable=t.whiten_bias_trainable)
 
@@ -272,7 +272,7 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
     rules = [tuple(r) for r in (t.lmo_rules or [])]
     method = simulate_module(cfg.method.name, model, oracles, compressor=compressor, comm=comm,
                              lmo_rules=rules, lmo_default=t.lmo_default, ns_steps=t.ns_steps,
-                             head_scale=t.get("head_scale", 16.0),
+                             head_scale=t.head_scale,
                              seed=cfg.seed, **settings(cfg.method))
 
     ev_train = used[_subset(len(used), t.eval_train, t.split_seed + 1)]
