@@ -189,23 +189,23 @@ class Panel:
 def load_panel(task: str, sweep: str | None = None) -> Panel:
     """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
     they lack the cost columns)."""
-    from paper.fig2 import TASKS, _order
+    from paper.fig2 import TASKS, _order, budget_of
     from analysis.statistics import group_runs, load_runs
     spec = TASKS[task]
     root = Path(sweep or spec["sweep"])
     runs = load_runs(root) if root.exists() else []
     if not runs:
-        return Panel(task, spec["metric"], spec["window"], spec["budget"], {},
+        return Panel(task, spec["metric"], spec["window"], math.nan, {},
                      f"no {TASK_NAMES[task]} panel runs under {root} (make fig2-{task})")
     old = [r for r in runs if any(c not in r.rows[0] for c in COST_COLUMNS)]
     if old:
-        return Panel(task, spec["metric"], spec["window"], spec["budget"], {},
+        return Panel(task, spec["metric"], spec["window"], math.nan, {},
                      f"{len(old)} of the {len(runs)} runs under {root} were written before the "
                      f"cost columns existed (make clean, then make fig2-{task})")
     by = {}
     for group in group_runs(runs).values():
         by[group[0].config["method"]["name"]] = sorted(group, key=lambda r: r.config["seed"])
-    budget = float(runs[0].config.get("max_comm") or spec["budget"])
+    budget = budget_of(runs, root)
     return Panel(task, spec["metric"], spec["window"], budget,
                  dict(sorted(by.items(), key=lambda kv: _order(kv[0]))))
 

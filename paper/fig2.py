@@ -24,15 +24,16 @@ from experiments.run.atomic import atomic_write_text
 
 OUT = Path("results/fig2")
 FIG = Path("figures")
-# Per panel: sweep folder, tracked metric, uplink budget (dense gradients per worker), smoothing
-# window (5% of the budget), the fixed tolerances and the baselines (docs/statistics.md).
+# Per panel: sweep folder, tracked metric, smoothing window (uplink units: 5% of the budget),
+# the fixed tolerances and the baselines (docs/statistics.md). The uplink budget is the one the
+# runs recorded (max_comm, set once in configs/experiment/), see :func:`budget_of`.
 TASKS = {
     "logreg": {"sweep": "results/sweeps/fig2_logreg", "metric": "gap", "table_task": "a5a",
-               "budget": 1000, "window": 50, "eps": [3e-2, 1e-2, 5e-3, 3e-3],
+               "window": 50, "eps": [3e-2, 1e-2, 5e-3, 3e-3],
                "baselines": ["gluon", "vr_marina", "ef21_muon"],
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
     "cnn": {"sweep": "results/sweeps/fig2_cnn_cpu", "metric": "loss", "table_task": "cnn",
-            "budget": 500, "window": 25, "eps": [2.0, 1.6, 1.4, 1.2],
+            "window": 25, "eps": [2.0, 1.6, 1.4, 1.2],
             "baselines": ["gluon", "ef21_muon"],
             "ylabel": "training loss (512 fixed training images)",
             "title": "CNN: airbench94{widths}, {data}"},
@@ -60,6 +61,16 @@ def label(method: str, settings: dict | None = None) -> str:
     return text
 
 
+def budget_of(runs, root) -> float:
+    """The uplink budget (dense gradients per worker) every run of a panel recorded
+    (``max_comm``, from the experiment config); SystemExit when they lack one or differ."""
+    budgets = {r.config.get("max_comm") for r in runs}
+    if len(budgets) != 1 or None in budgets:
+        raise SystemExit(f"the runs under {root} have uplink budgets (max_comm) {sorted(budgets, key=str)}: "
+                         "a panel needs one; remove the stale runs (make clean) and rerun")
+    return float(budgets.pop())
+
+
 def aggregate(task: str, sweep: str | None = None) -> None:
     spec = TASKS[task]
     root = sweep or spec["sweep"]
@@ -74,7 +85,7 @@ def aggregate(task: str, sweep: str | None = None) -> None:
                              "remove the stale runs (make clean) and rerun")
         by_method[name] = sorted(group, key=lambda r: r.config["seed"])
     by_method = dict(sorted(by_method.items(), key=lambda kv: _order(kv[0])))
-    budget = float(runs[0].config.get("max_comm") or spec["budget"])
+    budget = budget_of(runs, root)
     write_csv(smoothed_curves(by_method, spec["metric"], budget, spec["window"]),
               OUT / f"{task}_curves.csv")
     rows = reduction_rows(by_method, spec["metric"], eps_list=spec["eps"],

@@ -184,3 +184,13 @@ def test_readme_quotes_the_committed_reduction_table(task):
     table = fig2.readme_table(task, REPO / "results" / "fig2" / "reduction.csv")
     assert table in (REPO / "README.md").read_text()
     assert "| Alg. 1 (RandK) |" in table
+
+
+def test_a_panel_takes_its_budget_from_its_runs_and_refuses_mixed_ones():
+    from types import SimpleNamespace
+    run = lambda budget: SimpleNamespace(config={"max_comm": budget})      # noqa: E731
+    assert fig2.budget_of([run(500.0), run(500.0)], "s") == 500.0
+    with pytest.raises(SystemExit, match="one"):
+        fig2.budget_of([run(500.0), run(1000.0)], "s")
+    with pytest.raises(SystemExit, match="max_comm"):
+        fig2.budget_of([run(None)], "s")
