@@ -44,6 +44,7 @@ import socket
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -55,6 +56,7 @@ from . import checkpoint as ckpt
 from . import runs
 from .config import plain, validate
 from .record import RunLog, read_summary
+from ..tasks import Built
 from .runs import identity as comparable
 from .runs import LOCK, EnvironmentProblem, is_locked  # noqa: F401 (is_locked: for callers)
 from .world import World
@@ -155,7 +157,47 @@ def _shown(run_dir: Path) -> str:
         return str(run_dir)
 
 
+class Active(NamedTuple):
+    """A run between its three steps: what :func:`_start` hands :func:`_train` and
+    :func:`_finish`."""
+    cfg: DictConfig                 # resolved
+    config: dict                    # the same, a plain dict (what is recorded)
+    where: str                      # the run folder as the logs show it
+    world: World
+    record: RunLog
+    built: Built                    # the task's method, evaluation and summary
+    saved: dict | None              # the checkpoint resumed from, or None
+    path: Path                      # this rank's checkpoint
+    prior_time: float               # training seconds before this invocation (a resume)
+    t0: float                       # perf_counter when this invocation started training
+
+    def elapsed(self) -> float:
+        return self.prior_time + time.perf_counter() - self.t0
+
+    def save(self) -> None:
+        """A checkpoint of the run now (written atomically; the last good one is kept)."""
+        method, state = self.built.method, self.built.state
+        ckpt.save(self.path, {
+            "format": ckpt.FORMAT, "config": comparable(self.config), "job": ckpt.job_key(),
+            "method": method.state_dict(),
+            "state": state.state_dict() if state is not None else None,
+            "rng": ckpt.rng_state(), "rows": self.record.rows,
+            "rows_sha256": self.record.rows_sha256(), "wandb_id": self.record.wandb_id,
+            "train_time": self.elapsed()})
+
+
 def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
+    """Start (or skip, or resume), train with checkpoints, finish."""
+    run = _start(cfg, config, data, run_dir, task, world, compressor)
+    if not isinstance(run, Active):           # skipped: the finished run's summary
+        return run
+    status = _train(run)
+    return _finish(run, status)
+
+
+def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict:
+    """Refuse a folder holding another run; skip a finished run (its summary); else build the
+    task's method and resume it from its checkpoint when one of this config is intact."""
     where = _shown(run_dir)
     other = (other_run(run_dir, config, data, _checkpoint_name(world), world.writer)
              if not cfg.overwrite else None)
@@ -169,7 +211,6 @@ def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
 
     damaged = _damaged(run_dir, config) if world.writer and not cfg.overwrite else None
     path = run_dir / _checkpoint_name(world)
-    every = int(cfg.get("checkpoint_every", 0) or 0)
     saved = _resumable(ckpt.load(path), config, cfg.overwrite,
                        run_dir if world.writer else None)
     if not world.all(saved is not None):
@@ -186,43 +227,41 @@ def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
         record.start()
         record.finish("failed", error=traceback.format_exc())
         raise
-    method, state = built.method, built.state
     prior_time = 0.0
     if saved is not None:
-        method.load_state_dict(saved["method"])
-        if state is not None and saved.get("state") is not None:
-            state.load_state_dict(saved["state"])
+        built.method.load_state_dict(saved["method"])
+        if built.state is not None and saved.get("state") is not None:
+            built.state.load_state_dict(saved["state"])
         ckpt.set_rng_state(saved["rng"])
         prior_time = saved.get("train_time", 0.0)
         record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
-        log.info("[resume] %s: from step %d (%d rows)", where, method.k, saved["rows"])
+        log.info("[resume] %s: from step %d (%d rows)", where, built.method.k, saved["rows"])
     else:
         path.unlink(missing_ok=True)
         record.start()
     log.info("[start] %s: %s", where, _summary_line(config))
+    return Active(cfg, config, where, world, record, built, saved, path, prior_time,
+                  time.perf_counter())
+
+
+def _train(run: Active) -> str:
+    """Train to the budget, logging rows and checkpointing every ``checkpoint_every`` steps and
+    on a signal; returns the status ("ok" or "diverged"). A signal checkpoints and stops (the
+    same command resumes); a failure is recorded and re-raised."""
+    cfg, method, world = run.cfg, run.built.method, run.world
+    every = int(cfg.get("checkpoint_every", 0) or 0)
     progress = Progress(cfg, method)
-    t0 = time.perf_counter()
-
-    def save():
-        ckpt.save(path, {
-            "format": ckpt.FORMAT, "config": comparable(config), "job": ckpt.job_key(),
-            "method": method.state_dict(),
-            "state": state.state_dict() if state is not None else None,
-            "rng": ckpt.rng_state(), "rows": record.rows, "rows_sha256": record.rows_sha256(),
-            "wandb_id": record.wandb_id,
-            "train_time": prior_time + time.perf_counter() - t0})
-
     interrupted = False
     with ckpt.SignalGuard() as guard:
         def on_step(m):
             nonlocal interrupted
-            progress.tick(record.last_row)
+            progress.tick(run.record.last_row)
             stop = guard.pending is not None
             if world.size > 1:                # the ranks agree (a collective) every POLL steps,
                 stop = m.k % POLL == 0 and world.any(stop)   # so all checkpoint at one step
             periodic = every and m.k % every == 0 and m.k < cfg.steps
             if periodic or stop:
-                save()
+                run.save()
             if stop:
                 interrupted = True
                 log.info("[signal] %s at step %d: checkpoint written, stopping (the same command "
@@ -234,24 +273,30 @@ def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
                 interrupted = False           # the previous handler let the run go on
 
         try:
-            status = train(method, cfg.steps, log_every=cfg.log_every, evaluate=built.evaluate,
-                           on_log=record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
-                           log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
+            return train(method, cfg.steps, log_every=cfg.log_every, evaluate=run.built.evaluate,
+                         on_log=run.record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
+                         log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
         except Exception as err:
             if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
-                record.abort()            # too many times"; a full disk: the checkpoint
+                run.record.abort()        # too many times"; a full disk: the checkpoint
                 raise                     # is kept and resumes the run
-            record.finish("failed", error=traceback.format_exc(), **built.summary)
-            path.unlink(missing_ok=True)      # a failure is re-run from scratch
+            run.record.finish("failed", error=traceback.format_exc(), **run.built.summary)
+            run.path.unlink(missing_ok=True)  # a failure is re-run from scratch
             raise
         except BaseException as err:          # SystemExit from a signal, KeyboardInterrupt
-            record.abort()                    # no summary: the checkpoint resumes the run
+            run.record.abort()                # no summary: the checkpoint resumes the run
             if not interrupted:
                 log.info("[stopped] %s at step %d: %s", _stop_reason(err), method.k,
                          "its last checkpoint is kept (the same command resumes)"
-                         if path.exists() else "no checkpoint written yet")
+                         if run.path.exists() else "no checkpoint written yet")
             raise
-    last = record.last_row or {}
+
+
+def _finish(run: Active, status: str) -> dict:
+    """Write summary.json (what the run computed and communicated), then keep or delete the
+    checkpoint and remove what killed checkpoint writes left behind."""
+    method, world = run.built.method, run.world
+    last = run.record.last_row or {}
     wire = {}
     if world.size > 1:                        # a collective: what the ranks put on the wire
         rep = method.comm.report()
@@ -259,21 +304,21 @@ def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
                          "measured_bytes_per_worker": rep["measured_bytes_per_worker"],
                          "collectives": method.comm.collectives,
                          "coin_bytes": method.comm.coin_bytes}}
-    summary = record.finish(status, **built.summary, **wire, steps_done=method.k,
-                            final={k: v for k, v in last.items()},
-                            comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
-                            train_time=prior_time + time.perf_counter() - t0, dim=method.dim,
-                            resumed=saved is not None)
-    if cfg.get("keep_checkpoint", False):
-        save()                                # the final state (a finished run never resumes)
+    summary = run.record.finish(status, **run.built.summary, **wire, steps_done=method.k,
+                                final={k: v for k, v in last.items()},
+                                comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
+                                train_time=run.elapsed(), dim=method.dim,
+                                resumed=run.saved is not None)
+    if run.cfg.get("keep_checkpoint", False):
+        run.save()                            # the final state (a finished run never resumes)
     else:
-        path.unlink(missing_ok=True)
-    for tmp in ckpt.leftovers(path):          # left by a process killed while writing
+        run.path.unlink(missing_ok=True)
+    for tmp in ckpt.leftovers(run.path):      # left by a process killed while writing
         tmp.unlink(missing_ok=True)
     world.barrier()
     shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
                       and isinstance(v, float))
-    log.info("[%s] %s: %d steps, %s, %.1f s", status, where, method.k, shown,
+    log.info("[%s] %s: %d steps, %s, %.1f s", status, run.where, method.k, shown,
              summary["train_time"])
     return summary
 
