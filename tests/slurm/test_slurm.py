@@ -217,6 +217,15 @@ REQUEUE_STEPS = 15000     # the requeued run; ~20 s here, far longer than KillWa
 SHORT_STEPS = 300         # its neighbour in the same job array, left alone
 
 
+def _overrides(run_dir: Path) -> str:
+    """The command-line overrides hydra recorded for a job (the folder's name does not carry
+    ``steps``: it is named by the run's identity)."""
+    try:
+        return (run_dir / ".hydra" / "overrides.yaml").read_text()
+    except OSError:
+        return ""
+
+
 def test_requeued_array_task_resumes_and_ends_bit_identical(env, results, tmp_path):
     """`scontrol requeue` on a running task of a submitit job array: SLURM sends SIGTERM (the
     run checkpoints at the end of the step), SIGKILL KillWait later, then starts the task again
@@ -243,8 +252,8 @@ def test_requeued_array_task_resumes_and_ends_bit_identical(env, results, tmp_pa
             assert proc.poll() is None, tail((tmp_path / "sweep.log").read_text())
             assert time.time() - t0 < 180, "the SLURM job wrote no metrics in 180 s"
             rows_file = rows_file or next(
-                (m for m in sweep_dir.rglob("metrics.jsonl") if f"steps={REQUEUE_STEPS}" in str(m)),
-                None)
+                (m for m in sweep_dir.rglob("metrics.jsonl")
+                 if f"steps={REQUEUE_STEPS}" in _overrides(m.parent)), None)   # the long run
             if rows_file and len(rows_file.read_text().splitlines()) >= 5:
                 break
             time.sleep(0.05)
