@@ -71,9 +71,8 @@ DIST_DENSE = ["all_reduce", "all_gather"]
 # ---------------------------------------------------------------- configuration and data
 
 def compose_cfg(overrides):
-    from hydra import compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return compose(config_name="cnn", overrides=list(overrides))
+    from experiments.run.config import compose
+    return compose("cnn", *overrides)
 
 
 def overrides(spec: dict, method_args, steps: int, n_workers: int) -> list[str]:

@@ -51,14 +51,12 @@ def launcher_starts_workers(cfg) -> bool:
 def check_run(config_name: str, overrides: list[str], multirun: bool, task) -> None:
     """Compose and validate the command's config (a sweep's first job; the sweeper,
     ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3", job_name=config_name):
-        try:
-            cfg = compose(config_name, overrides=first_point(overrides) if multirun else overrides,
-                          return_hydra_config=True)
-        except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
-            raise ConfigError(composition_message(err)) from None
+    from .config import compose
+    try:
+        cfg = compose(config_name, *(first_point(overrides) if multirun else overrides),
+                      hydra=True)
+    except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
+        raise ConfigError(composition_message(err)) from None
     validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))
     check_environment(cfg, multirun, task)
 

@@ -161,11 +161,14 @@ register()
 
 def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> DictConfig:
     """The config ``python -m experiments.<primary> <overrides>`` would run, composed without
-    running anything (with the ``hydra`` node when ``hydra`` is set): for scripts and tests."""
+    running anything (with the ``hydra`` node, its folders included, when ``hydra`` is set).
+    The one way the project composes a config outside hydra's own entry point: the command
+    line's checks, the sbatch preview, the benchmarks and the tests."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from ..datasets import REPO
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3",
+                               job_name=primary):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
 
 

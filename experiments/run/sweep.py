@@ -63,25 +63,19 @@ def _grid_size(sweeper_params: dict, overrides: list[str]) -> int:
     return n
 
 
-def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = None,
-                  config_dir: str | Path | None = None) -> str:
+def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = None) -> str:
     """The sbatch script ``python -m experiments.<config_name> -m <overrides>`` would submit,
     built exactly as hydra-submitit-launcher does, without a cluster (nothing is submitted)."""
     from unittest import mock
 
     import submitit
-    from hydra import compose, initialize_config_dir
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from ..datasets import REPO
-    from . import config  # noqa: F401 (registers the typed schemas the configs name)
     from .cli import first_point
+    from .config import compose
 
-    config_dir = str(Path(config_dir or REPO / "configs").resolve())
-    first = first_point(overrides)
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3", job_name=config_name):
-        cfg = compose(config_name, overrides=first, return_hydra_config=True)
+    cfg = compose(config_name, *first_point(overrides), hydra=True)
     params = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
     size = _grid_size({k: str(v) for k, v in params.items()}, overrides)
