@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks import cnn_widths
 from experiments.tasks.cifar10 import Cifar
 from experiments.tasks.cnn import build
 from experiments.run.atomic import atomic_write_text
@@ -65,7 +66,7 @@ class Clock:
 
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_WIDTHS = [16, 64, 64]        # configs/profile/cpu.yaml
+CPU_WIDTHS = cnn_widths("cpu")
 PANEL = ["gluon", "alg1", "alg2", "ef21_muon"]
 # compressor and the hyperparameters each method takes besides lr and beta
 SETTINGS = {
@@ -195,7 +196,7 @@ def machine_line(args, n_params: int | None) -> str:
             f"torch {torch.__version__}")
 
 
-PATH_WIDTHS = ([16, 64, 64], [64, 256, 256])
+PATH_WIDTHS = (cnn_widths("cpu"), cnn_widths("paper"))
 
 
 def compare_paths(args) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import cnn_widths
 from experiments.run.atomic import atomic_write_text
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -44,7 +45,7 @@ from experiments.run.world import free_port
 from experiments.tasks.airbench import Airbench94
 from benchmarks.bench_cnn import Clock
 
-CPU_WIDTHS = [16, 64, 64]
+CPU_WIDTHS = cnn_widths("cpu")
 PARTS = ["gradients (fwd+bwd)", "averaging", "LMO step", "rest"]
 ROWS = {"ddp_sgd": "DDP + SGD momentum", "gluon": "gluon.optim.Gluon (q = 1)",
         "alg1": "gluon.optim.CompressedGluon (Alg. 1, RandK 1%, q = 0.1, B = 4)"}

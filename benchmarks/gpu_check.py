@@ -53,13 +53,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import cnn_widths
 from experiments.tasks.cnn import ieee_fp32, precision_settings
 from gluon.comm import TRAFFIC
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "results/gpu_check/gpu_check.json"
 METHODS = ["gluon", "alg1", "alg2", "ef21_muon", "alg3", "alg4", "vr_marina"]
-PAPER_WIDTHS = [64, 256, 256]
+PAPER_WIDTHS = cnn_widths("paper")
 TINY_WIDTHS = [8, 16, 16]
 BF16_MARGIN = 0.1          # bf16's error must be below this fraction of RandK's own noise
 DIST_WORLD = 2
