@@ -17,29 +17,32 @@ from pathlib import Path
 import numpy as np
 
 from analysis.statistics import curves, flatten, group_runs, load_runs, read_csv, write_csv
+from experiments.run.atomic import atomic_write_text
+from experiments.run.config import sweep_dir
 
-# For each figure: sweep folders (and the method to keep), the panel key, the line key(s),
-# the x axes and an optional overlay (another sweep drawn dashed for comparison).
+# For each figure: the sweeps it reads, as (entry point, experiment config, method: the runs of
+# that method in the experiment's sweep folder), the panel key, the line key(s), the x axes and
+# an optional overlay (another sweep's runs drawn dashed for comparison).
 FIGS = {
-    "fig3": {"sweeps": [("results/sweeps/fig3", "alg1")], "panel": None,
+    "fig3": {"sweeps": [("logreg", "fig3", "alg1")], "panel": None,
              "lines": ["method.q", "compressor.density"], "x": ["step", "comm"],
              "title": "Alg. 1: sync probability q and RandK density (B = 4)"},
-    "fig4": {"sweeps": [("results/sweeps/fig4", "alg1")], "panel": "compressor.density",
+    "fig4": {"sweeps": [("logreg", "fig4", "alg1")], "panel": "compressor.density",
              "lines": ["method.B"], "x": ["comm"],
              "title": "Alg. 1: large batch B at each RandK density (q = 0.1)"},
-    "fig5": {"sweeps": [("results/sweeps/tune_fig2/alg1", "alg1")],
+    "fig5": {"sweeps": [("logreg", "tune_fig2/alg1", "alg1")],
              "panel": ["method.q", "method.B"], "lines": ["method.beta", "method.lr"],
              "x": ["comm"], "title": "Alg. 1: learning rate and momentum (RandK 1%)"},
-    "fig6": {"sweeps": [("results/sweeps/fig6", "alg2"), ("results/sweeps/fig4", "alg1")],
+    "fig6": {"sweeps": [("logreg", "fig6", "alg2"), ("logreg", "fig4", "alg1")],
              "panel": "compressor.density", "lines": ["method.name", "method.B"],
              "x": ["comm"], "title": "Alg. 2 with TopK (solid) against Alg. 1 with RandK (dashed)"},
-    "fig7": {"sweeps": [("results/sweeps/tune_fig2/vr_marina", "vr_marina")],
+    "fig7": {"sweeps": [("logreg", "tune_fig2/vr_marina", "vr_marina")],
              "panel": ["method.q"], "lines": ["method.beta", "method.lr"], "x": ["comm"],
              "title": "VR-MARINA with momentum: tuning (RandK 1%)"},
-    "fig8": {"sweeps": [("results/sweeps/fig8", "alg1")], "panel": ["method.q"],
+    "fig8": {"sweeps": [("cnn", "fig8", "alg1")], "panel": ["method.q"],
              "lines": ["method.lr"], "x": ["comm"], "metric": "loss",
              # the q = 1 baseline, drawn dashed in every panel: Gluon at its tuned setting
-             "baseline": ("results/sweeps/fig2_cnn_cpu", "gluon", "Gluon, q = 1 (Fig. 2)"),
+             "baseline": ("cnn", "fig2_cnn_cpu", "gluon", "Gluon, q = 1 (Fig. 2)"),
              "task": "CIFAR-10 CNN, airbench94 at widths 16/64/64",
              "title": "Alg. 1 on the CNN: q and lr (RandK 1%, B = 4, beta = 0.9)"},
 }
@@ -58,7 +61,8 @@ def _label(flat: dict, keys) -> str:
 def aggregate(fig: str) -> Path:
     spec = FIGS[fig]
     runs = []
-    for folder, method in spec["sweeps"]:
+    for primary, experiment, method in spec["sweeps"]:
+        folder = sweep_dir(primary, experiment) / method        # hydra.sweep.subdir: <method>/...
         found = [r for r in load_runs(folder) if r.config["method"]["name"] == method]
         if not found:   # a figure without one of its sweeps would be another figure
             raise SystemExit(f"{fig} needs the {method} runs of {folder}, and it has none "
@@ -77,7 +81,8 @@ def aggregate(fig: str) -> Path:
                              "mean": row["mean"], "min": row["min"], "max": row["max"],
                              "seeds": row["seeds"]})
     if spec.get("baseline"):
-        folder, method, text = spec["baseline"]
+        primary, experiment, method, text = spec["baseline"]
+        folder = sweep_dir(primary, experiment) / method
         base = [r for r in load_runs(folder) if r.config["method"]["name"] == method]
         if not base:
             raise SystemExit(f"{fig} draws the baseline from {folder}: run `make fig2-cnn` first")
@@ -91,7 +96,7 @@ def aggregate(fig: str) -> Path:
     out = Path("results") / fig / "curves.csv"
     write_csv(rows, out)
     wall = sum(r.summary.get("wall_time", 0.0) for r in runs)
-    (out.parent / "runtime.json").write_text(json.dumps(
+    atomic_write_text(out.parent / "runtime.json", json.dumps(
         {"runs": len(runs), "wall_time_s_sum": round(wall, 1),
          "statuses": dict(Counter(r.status for r in runs))}, indent=2))
     print(f"wrote {out} ({len(rows)} rows); {len(runs)} runs, {wall:.0f} s of run time in all")

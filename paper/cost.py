@@ -189,10 +189,11 @@ class Panel:
 def load_panel(task: str, sweep: str | None = None) -> Panel:
     """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
     they lack the cost columns)."""
+    from experiments.run.config import sweep_dir
     from paper.fig2 import TASKS, _order, budget_of
     from analysis.statistics import group_runs, load_runs
     spec = TASKS[task]
-    root = Path(sweep or spec["sweep"])
+    root = Path(sweep or sweep_dir(*spec["experiment"]))
     runs = load_runs(root) if root.exists() else []
     if not runs:
         return Panel(task, spec["metric"], spec["window"], math.nan, {},

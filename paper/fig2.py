@@ -21,18 +21,19 @@ import numpy as np
 from analysis.statistics import (group_runs, load_runs, read_csv, reduction_rows,
                                   smoothed_curves, write_csv, write_table)
 from experiments.run.atomic import atomic_write_text
+from experiments.run.config import sweep_dir
 
 OUT = Path("results/fig2")
 FIG = Path("figures")
-# Per panel: sweep folder, tracked metric, smoothing window (uplink units: 5% of the budget),
+# Per panel: the experiment whose sweep it reads (entry point, experiment config), tracked metric, smoothing window (uplink units: 5% of the budget),
 # the fixed tolerances and the baselines (docs/statistics.md). The uplink budget is the one the
 # runs recorded (max_comm, set once in configs/experiment/), see :func:`budget_of`.
 TASKS = {
-    "logreg": {"sweep": "results/sweeps/fig2_logreg", "metric": "gap", "table_task": "a5a",
+    "logreg": {"experiment": ("logreg", "fig2_logreg"), "metric": "gap", "table_task": "a5a",
                "window": 50, "eps": [3e-2, 1e-2, 5e-3, 3e-3],
                "baselines": ["gluon", "vr_marina", "ef21_muon"],
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
-    "cnn": {"sweep": "results/sweeps/fig2_cnn_cpu", "metric": "loss", "table_task": "cnn",
+    "cnn": {"experiment": ("cnn", "fig2_cnn_cpu"), "metric": "loss", "table_task": "cnn",
             "window": 25, "eps": [2.0, 1.6, 1.4, 1.2],
             "baselines": ["gluon", "ef21_muon"],
             "ylabel": "training loss (512 fixed training images)",
@@ -73,7 +74,7 @@ def budget_of(runs, root) -> float:
 
 def aggregate(task: str, sweep: str | None = None) -> None:
     spec = TASKS[task]
-    root = sweep or spec["sweep"]
+    root = sweep or sweep_dir(*spec["experiment"])
     runs = load_runs(root)
     if not runs:
         raise SystemExit(f"no finished runs under {root}; run `make fig2-{task}`")

@@ -150,13 +150,13 @@ def test_an_ablation_figure_refuses_to_aggregate_without_one_of_its_sweeps(tmp_p
     monkeypatch.chdir(tmp_path)
     comm = [0, 10, 20, 30, 40]
     for s in range(2):
-        fake_run(tmp_path / "results/sweeps/fig6", "a", s, comm, [1, .5, .2, .1, .05],
+        fake_run(tmp_path / "results/sweeps/fig6/alg2", "a", s, comm, [1, .5, .2, .1, .05],
                  method="alg2", compressor={"name": "topk", "density": 0.01}, B=4)
-    with pytest.raises(SystemExit, match="needs the alg1 runs of results/sweeps/fig4"):
+    with pytest.raises(SystemExit, match="needs the alg1 runs of results/sweeps/fig4/alg1"):
         ablation.aggregate("fig6")
     assert not (tmp_path / "results/fig6/curves.csv").exists()
     for s in range(2):
-        fake_run(tmp_path / "results/sweeps/fig4", "b", s, comm, [1, .4, .2, .1, .05],
+        fake_run(tmp_path / "results/sweeps/fig4/alg1", "b", s, comm, [1, .4, .2, .1, .05],
                  compressor={"name": "randk", "density": 0.01}, B=4)
     ablation.aggregate("fig6")
     labels = {r["label"] for r in analysis.read_csv(tmp_path / "results/fig6/curves.csv")}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -170,6 +171,12 @@ def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> Di
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3",
                                job_name=primary):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
+
+
+def sweep_dir(primary: str, experiment: str) -> Path:
+    """The folder ``python -m experiments.<primary> -m experiment=<experiment>`` writes its runs
+    into (``hydra.sweep.dir``, from the experiment's ``group``): where a figure finds them."""
+    return Path(str(compose(primary, f"experiment={experiment}", hydra=True).hydra.sweep.dir))
 
 
 # ---------------------------------------------------------------- run folder names
