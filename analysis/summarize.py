@@ -78,12 +78,6 @@ def run_config(run_dir: Path, summary: dict | None) -> dict | None:
         return None
 
 
-def config_key(config: dict | None) -> dict | None:
-    """The flat ``{key: value}`` that identifies a run's config less its seed
-    (:func:`experiments.run.runs.group_key`)."""
-    return None if config is None else R.group_key(config)
-
-
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -213,7 +207,7 @@ def summarize(sweep_dir: str | Path, metric: str | None = None,
     metric = choose_metric(loaded, metric)
     records = [run_record(r, metric) | {"run": r["dir"].relative_to(sweep_dir).as_posix()}
                for r in loaded]
-    keys = [config_key(r["config"]) for r in loaded]
+    keys = [None if r["config"] is None else R.group_key(r["config"]) for r in loaded]
     varying, shared = _columns(keys)
     if not varying and any(k is None for k in keys) and shared:
         varying = [next(iter(shared))]    # unknown configs beside known ones: show something

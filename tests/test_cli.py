@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.run.lifecycle import LOCK, is_locked
-from experiments.run.record import read_metrics, read_summary
+from experiments.run.runs import read_rows, read_summary
 from experiments.run.sweep import run_status, sbatch_script
 from tests.conftest import CONFIGS, REPO, compose_config
 
@@ -138,7 +138,7 @@ def test_a_second_writer_waits_then_skips(tmp_path, results_with_cache):
     said += second.communicate(timeout=300)[0]
     assert first.returncode == 0 and second.returncode == 0, out_first + said
     assert "being written by pid" in said and "waiting" in said and "[skip]" in said
-    rows = read_metrics(run_dir)
+    rows = read_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(0, 6001, 100))   # one writer: no row twice
     assert read_summary(run_dir)["status"] == "ok"
     assert not is_locked(run_dir) and (run_dir / LOCK).exists()
@@ -162,7 +162,7 @@ def test_two_submissions_of_one_sweep_run_each_config_once(tmp_path, results_wit
     assert said.count("[skip]") == 2           # ... and skipped by the other
     for run_dir in (tmp_path / "alg1", tmp_path / "alg2"):
         (run,) = [d for d in run_dir.iterdir() if d.is_dir()]
-        assert [r["step"] for r in read_metrics(run)] == list(range(0, 3001, 100))
+        assert [r["step"] for r in read_rows(run)] == list(range(0, 3001, 100))
         assert read_summary(run)["status"] == "ok"
 
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from experiments.run.checkpoint import CHECKPOINT
 from experiments.run.lifecycle import execute
-from experiments.run.record import read_metrics, read_summary
+from experiments.run.runs import read_rows, read_summary
 from experiments.run.world import free_port, open_world
 from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor
@@ -122,7 +122,7 @@ def test_both_coin_outcomes_occur():
 @pytest.mark.parametrize("name", list(CASES))
 def test_metrics_and_parameters_equal_simulation(name, dist_runs, sim_runs):
     d, s = dist_runs / name, sim_runs / name
-    rows_d, rows_s = read_metrics(d), read_metrics(s)
+    rows_d, rows_s = read_rows(d), read_rows(s)
     assert len(rows_d) == len(rows_s) == STEPS // 5 + 1
     pd, ps = _params(d), _params(s)
     assert not torch.equal(pd[0], torch.zeros_like(pd[0]))
@@ -143,7 +143,7 @@ COSTS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", "hops")
 @pytest.mark.parametrize("name", list(CASES))
 def test_cost_columns_equal_simulation(name, dist_runs, sim_runs):
     """Every row's compute and traffic columns are the simulation's, exactly (docs/cost.md)."""
-    rows_d, rows_s = read_metrics(dist_runs / name), read_metrics(sim_runs / name)
+    rows_d, rows_s = read_rows(dist_runs / name), read_rows(sim_runs / name)
     for a, b in zip(rows_d, rows_s):
         assert {k: a[k] for k in COSTS} == {k: b[k] for k in COSTS}
         assert a["compute_s"] >= 0 and b["compute_s"] >= 0
@@ -312,7 +312,7 @@ def test_cnn_on_two_processes_writes_the_simulations_run(tmp_path):
             _cnn_task())
     d, s = tmp_path / "dist" / "run", tmp_path / "sim" / "run"
     assert metrics_bytes(d) == metrics_bytes(s)
-    assert len(read_metrics(d)) == 4 and "test_acc" in read_metrics(d)[-1]
+    assert len(read_rows(d)) == 4 and "test_acc" in read_rows(d)[-1]
     assert all(torch.equal(a, b) for a, b in zip(_params(d), _params(s)))
     assert read_summary(d)["wire"]["measured_bytes_per_worker"] == [read_summary(s)["bytes"]] * 2
 

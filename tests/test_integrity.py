@@ -32,7 +32,7 @@ from experiments import datasets as paths
 from experiments.run.checkpoint import CHECKPOINT
 from experiments.run.config import ConfigError, validate
 from experiments.run.lifecycle import execute
-from experiments.run.record import read_summary
+from experiments.run.runs import read_summary
 from experiments.run.runs import is_finished
 from experiments.run.sweep import run_status, sweep_runs
 from experiments.tasks import cifar10 as cifar

@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.run.checkpoint import CHECKPOINT
-from experiments.run.record import read_metrics, read_summary
+from experiments.run.runs import read_rows, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
 from tests.conftest import compose_config, metrics_bytes
 
@@ -115,7 +115,7 @@ def test_local_submitit_sweep_runs_end_to_end(tmp_path, results):
     assert sorted(_param(d, tmp_path, "seed") for d in runs) == ["0", "1"]
     assert list(runs.values()) == ["ok", "ok"]
     for d in runs:
-        assert [r["step"] for r in read_metrics(d)] == [0, 20, 40, 60, 80, 100]
+        assert [r["step"] for r in read_rows(d)] == [0, 20, 40, 60, 80, 100]
         assert not (d / CHECKPOINT).exists()              # deleted once finished
     assert len(list((tmp_path / ".submitit").glob("*/*_result.pkl"))) == 2   # two submitit jobs
     assert "[sweep]" in out.stdout and "2 ok" in out.stdout

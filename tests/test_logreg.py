@@ -16,7 +16,7 @@ from scipy.optimize import minimize
 from experiments.datasets import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
-from experiments.run.record import read_metrics
+from experiments.run.runs import read_rows
 from experiments.run.runs import EnvironmentProblem
 from tests.conftest import compose_config, untimed
 
@@ -106,7 +106,7 @@ def test_run_decreases_gap_and_records_everything(tmp_path):
     c = cfg("method=alg1", "compressor=randk", "compressor.density=0.01", "method.q=0.1",
             "method.B=4", "method.lr=0.01", "steps=1500", "log_every=50", tmp=tmp_path)
     s = run(c, tmp_path / "run")
-    rows = read_metrics(tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
     assert s["status"] == "ok" and s["steps_done"] == 1500
     assert rows[0]["step"] == 0 and rows[-1]["step"] == 1500
     assert [r["step"] for r in rows] == sorted({r["step"] for r in rows})   # no duplicates
@@ -126,10 +126,10 @@ def test_same_seed_same_run_and_rerun_skips(tmp_path, caplog):
     c = cfg("method=alg2", "steps=300", "log_every=20", tmp=tmp_path)
     run(c, tmp_path / "a")
     run(c, tmp_path / "b")
-    assert untimed(read_metrics(tmp_path / "a")) == untimed(read_metrics(tmp_path / "b"))
+    assert untimed(read_rows(tmp_path / "a")) == untimed(read_rows(tmp_path / "b"))
     c2 = cfg("method=alg2", "steps=300", "log_every=20", "seed=1", tmp=tmp_path)
     run(c2, tmp_path / "c")
-    assert untimed(read_metrics(tmp_path / "a")) != untimed(read_metrics(tmp_path / "c"))
+    assert untimed(read_rows(tmp_path / "a")) != untimed(read_rows(tmp_path / "c"))
     before = (tmp_path / "a" / "metrics.jsonl").read_text()
     caplog.clear()
     run(c, tmp_path / "a")                                      # finished: skipped
@@ -141,7 +141,7 @@ def test_same_seed_same_run_and_rerun_skips(tmp_path, caplog):
     assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
     c3.overwrite = True
     run(c3, tmp_path / "a")                                     # asked for: replaced
-    rows = read_metrics(tmp_path / "a")
+    rows = read_rows(tmp_path / "a")
     assert rows[-1]["step"] == 200 and len(rows) == len({r["step"] for r in rows})
 
 

@@ -27,7 +27,7 @@ from experiments.run.checkpoint import CHECKPOINT, SignalGuard
 from experiments.run.config import validate
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
-from experiments.run.record import read_summary
+from experiments.run.runs import read_summary
 from experiments.run.lifecycle import execute
 from experiments.run.runs import EnvironmentProblem
 from tests.conftest import compose_config, metrics_bytes, stopping_train, untimed

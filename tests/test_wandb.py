@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.run import lifecycle as runner
-from experiments.run.record import read_metrics, read_summary
+from experiments.run.runs import read_rows, read_summary
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
 from experiments.run.lifecycle import execute
@@ -73,7 +73,7 @@ def test_offline_run_has_config_step_metrics_groups_and_summary(tmp_path):
     # bytes is in every row, so any chart can use it as its x-axis instead
     assert run["metrics"]["*"] == "comm"
     assert not [k for k in run["metrics"] if k.startswith("by_bytes/")]
-    rows = read_metrics(tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
     assert len(run["history"]) == len(rows) == 6
     for h, r in zip(run["history"], rows):
         assert {k: h[k] for k in r} == r
@@ -118,7 +118,7 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     # W&B step = row index: the rows logged twice (steps 120, 140) carry the same step and
     # the same values, so `wandb sync` keeps one curve; together they are metrics.jsonl
     merged = {h["_step"]: h for h in first["history"] + second["history"]}
-    rows = read_metrics(tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
     assert sorted(merged) == list(range(len(rows))) and len(rows) == 16
     for i, r in enumerate(rows):
         assert {k: merged[i][k] for k in r} == r

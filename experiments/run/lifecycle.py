@@ -55,7 +55,8 @@ from gluon.engine import gradients_per_worker
 from . import checkpoint as ckpt
 from . import runs
 from .config import plain, validate
-from .record import RunLog, read_summary
+from .record import RunLog
+from .runs import read_summary
 from ..tasks import Built
 from .runs import identity as comparable
 from .runs import LOCK, EnvironmentProblem, is_locked  # noqa: F401 (is_locked: for callers)

@@ -31,7 +31,7 @@ from typing import Any
 from ..datasets import REPO
 from . import runs
 from .atomic import atomic_write, atomic_write_text
-from .runs import FINISHED, read_summary  # noqa: F401 (re-exported: the readers' names)
+from .runs import FINISHED
 
 
 def git_commit() -> dict:
@@ -43,11 +43,6 @@ def git_commit() -> dict:
                 "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl's rows; a garbled line is a MetricsError naming the file and line."""
-    return runs.read_rows(run_dir)
 
 
 class RunLog:
