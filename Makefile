@@ -89,7 +89,7 @@ fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, 
 
 fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (CPU profile without a GPU; CNN_PROFILE=paper|cpu to choose)
 	$(CNN_SWEEP) experiment=fig2_cnn_$(CNN_PROFILE)
-	$(PY) -m paper.fig2 aggregate --task cnn --sweep results/sweeps/fig2_cnn_$(CNN_PROFILE)
+	$(PY) -m paper.fig2 aggregate --task cnn --experiment fig2_cnn_$(CNN_PROFILE)
 	$(PY) -m paper.fig2 plot
 
 fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/

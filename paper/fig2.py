@@ -72,9 +72,12 @@ def budget_of(runs, root) -> float:
     return float(budgets.pop())
 
 
-def aggregate(task: str, sweep: str | None = None) -> None:
+def aggregate(task: str, sweep: str | None = None, experiment: str | None = None) -> None:
+    """Fig. 2's curves and reduction table for one panel, from the runs of ``sweep`` (a folder)
+    or of ``experiment``'s sweep (default: the panel's experiment config)."""
     spec = TASKS[task]
-    root = sweep or sweep_dir(*spec["experiment"])
+    primary, default = spec["experiment"]
+    root = sweep or sweep_dir(primary, experiment or default)
     runs = load_runs(root)
     if not runs:
         raise SystemExit(f"no finished runs under {root}; run `make fig2-{task}`")
@@ -252,13 +255,15 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("aggregate")
     a.add_argument("--task", choices=sorted(TASKS), required=True)
-    a.add_argument("--sweep", default=None)
+    a.add_argument("--sweep", default=None, help="a folder of runs (default: the experiment's)")
+    a.add_argument("--experiment", default=None,
+                   help="the experiment config whose sweep to read (e.g. fig2_cnn_paper)")
     sub.add_parser("plot")
     r = sub.add_parser("readme", help="print a panel's README table (from reduction.csv)")
     r.add_argument("--task", choices=sorted(PAPER_CLAIM), required=True)
     args = ap.parse_args(argv)
     if args.cmd == "aggregate":
-        aggregate(args.task, args.sweep)
+        aggregate(args.task, args.sweep, args.experiment)
     elif args.cmd == "readme":
         print(readme_table(args.task), end="")
     else:
