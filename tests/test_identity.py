@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from experiments import datasets as paths
 from experiments.run import runs
-from experiments.run.config import plain
+from experiments.run.config import resolved
 from experiments.tasks import cnn
 from tests.conftest import REPO, compose_config
 
@@ -157,7 +157,7 @@ def test_real_legacy_run_folders_migrate_to_the_names_their_sweep_finds(tmp_path
         assert {k: v for k, v in s.items() if k not in ("metrics", "id", "data_id", "added_keys",
                                                         "config")} == \
             {k: v for k, v in legacy.items() if k != "config"}
-        cfg = plain(compose_config("cnn", "experiment=cnn_gap/tune_gluon", "method.lr=0.1",
+        cfg = resolved(compose_config("cnn", "experiment=cnn_gap/tune_gluon", "method.lr=0.1",
                                    "method.beta=0.6", f"seed={seed}"))
         assert runs.is_finished(want, OmegaConf.to_container(cfg), cnn.data_identity(cfg))
     sweep = subprocess.run(

@@ -92,11 +92,11 @@ def refuse_other_run(run_dir: Path, cfg, task) -> None:
     unless ``overwrite``), before hydra writes anything into it."""
     from omegaconf import OmegaConf
 
-    from .config import plain
+    from .config import resolved
     from .lifecycle import other_run
     if not (run_dir / "summary.json").exists() and not (run_dir / "checkpoint.pt").exists():
         return
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     data_identity = getattr(task, "data_identity", None)
     data = data_identity(cfg) if data_identity is not None else None
     problem = other_run(run_dir, OmegaConf.to_container(cfg), data)

@@ -185,7 +185,7 @@ def run_folder(*, _root_) -> str:
     """The ``gluon_run_folder`` resolver: the folder name (:func:`experiments.run.runs.
     folder_name`) of the run the whole config (``_root_``) describes, its data included."""
     from ..tasks import task_module
-    cfg = plain(_root_)
+    cfg = resolved(_root_)
     data = task_module(cfg.task.name).data_identity(cfg)
     return folder_name(OmegaConf.to_container(cfg), data)
 
@@ -204,7 +204,6 @@ if not OmegaConf.has_resolver("gluon_run_folder"):
 
 # ---------------------------------------------------------------- building and checking
 
-plain = resolved            # a config resolved, enums as strings (experiments.tasks.resolved)
 
 
 def build_compressor(cfg: DictConfig):
@@ -246,7 +245,7 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
     task per worker, checks them in the job). Returns the compressor. Raises :class:`ConfigError`."""
     from .world import check_env
     _known_keys(cfg)
-    cfg = plain(cfg)
+    cfg = resolved(cfg)
     _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
     _check(cfg.batch_size >= 1, "batch_size", cfg.batch_size, "must be >= 1")
     _check(cfg.steps >= 0, "steps", cfg.steps, "must be >= 0")

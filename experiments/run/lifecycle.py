@@ -54,7 +54,7 @@ from gluon.engine import gradients_per_worker
 
 from . import checkpoint as ckpt
 from . import runs
-from .config import plain, validate
+from .config import resolved, validate
 from .record import RunLog
 from .runs import read_summary
 from ..tasks import Built
@@ -105,7 +105,7 @@ class RunLock:
 def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
     run_dir = Path(run_dir)
     compressor = validate(cfg, task)          # bad input fails here, before any compute
-    cfg = plain(cfg)                          # resolved, enums as strings
+    cfg = resolved(cfg)                          # resolved, enums as strings
     world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
     config = OmegaConf.to_container(cfg)
     data_identity = getattr(task, "data_identity", None)
@@ -497,7 +497,7 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    plain_cfg = plain(cfg)
+    plain_cfg = resolved(cfg)
     world = open_world(plain_cfg.comm, str(plain_cfg.get("device", "cpu")),
                        plain_cfg.dense_collective)
     if not world.writer:                      # rank > 0: rank 0 logs for the run

@@ -41,7 +41,7 @@ class SkipFinishedSweeper(BasicSweeper):
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
         from experiments.run.cli import (composition_message, fail, launcher_starts_workers,
                                          refuse_other_run)
-        from experiments.run.config import ConfigError, plain, validate
+        from experiments.run.config import ConfigError, resolved, validate
         from experiments.run.runs import is_finished, read_summary
         from experiments.run.runs import EnvironmentProblem
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
@@ -70,8 +70,8 @@ class SkipFinishedSweeper(BasicSweeper):
         for job, cfg in zip(jobs, cfgs):
             run_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
             data_identity = getattr(self.task, "data_identity", None)
-            data = data_identity(plain(cfg)) if data_identity is not None else None
-            if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(plain(cfg)),
+            data = data_identity(resolved(cfg)) if data_identity is not None else None
+            if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(resolved(cfg)),
                                                         data):
                 print(f"[skip] {run_dir}: already finished with this config", flush=True)
                 self.skipped[run_dir] = read_summary(run_dir).get("status", "ok")
