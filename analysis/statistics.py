@@ -127,7 +127,7 @@ def write_table(rows: list[dict], csv_path: Path, md_path: Path | None = None,
     """Write the reduction table; rows of other tasks already in the CSV are kept (a5a and CNN
     share it), so aggregating one panel never drops the other's rows. Both files are replaced
     atomically (parallel aggregations never see half a file)."""
-    from experiments.run.atomic import atomic_write_text
+    from experiments.run.runs import atomic_write_text
 
     csv_path = Path(csv_path)
     keep = []
@@ -214,7 +214,7 @@ def _bytes_at(run: Run, grid: np.ndarray, x: str = "comm") -> np.ndarray:
 
 def write_csv(rows: list[dict], path: Path) -> None:
     """Write ``rows`` (the union of their keys as columns), replacing ``path`` atomically."""
-    from experiments.run.atomic import atomic_write_text
+    from experiments.run.runs import atomic_write_text
 
     if not rows:
         atomic_write_text(Path(path), "")

@@ -42,7 +42,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.run import runs as R
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 from experiments.run.runs import FINISHED, read_summary
 from experiments.run.sweep import sweep_runs
 

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from benchmarks import cnn_widths
 from experiments.tasks.cifar10 import Cifar
 from experiments.tasks.cnn import build
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 from experiments.run.config import validate
 
 

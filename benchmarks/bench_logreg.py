@@ -20,7 +20,7 @@ import torch
 
 import gluon
 import gluon.methods as gm
-from experiments.datasets import libsvm_file
+from experiments.tasks import libsvm_file
 from experiments.tasks.logreg import LogRegOracle, load_libsvm, split
 
 SETTINGS = {

@@ -34,14 +34,14 @@ from pathlib import Path
 import torch
 
 from benchmarks import cnn_widths
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import gluon
-from experiments.run.world import free_port
+from gluon.distributed import free_port
 from experiments.tasks.airbench import Airbench94
 from benchmarks.bench_cnn import Clock
 

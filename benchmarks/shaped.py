@@ -66,7 +66,7 @@ def rank_main(args) -> None:
     """One rank of a run: build a5a as the entry point does, step with wall-clock timing."""
     import torch
     from experiments.run.config import build_compressor, compose
-    from experiments.run.world import open_world
+    from gluon.distributed import open_world
     from experiments.tasks import logreg as task
 
     rank = int(os.environ["RANK"])

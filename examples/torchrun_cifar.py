@@ -13,7 +13,7 @@ Alg. 1's Delta, and B times on a synchronisation.
 
 Data: ``--data DIR`` reads an image-folder tree DIR/{train,test}/<class>/*.jpg with torchvision's
 ImageFolder. Without it, the repository's decoded CIFAR-10 is used (uint8 tensors cached under
-results/cache/, found as ``experiments.datasets`` finds data). Under torchrun with CUDA each process
+results/cache/, found as ``experiments.tasks`` finds data). Under torchrun with CUDA each process
 takes the GPU of its LOCAL_RANK and NCCL; on CPU, gloo.
 """
 from __future__ import annotations

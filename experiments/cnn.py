@@ -13,8 +13,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from .run import cli
-from .run.lifecycle import run_hydra_job
+from .run.lifecycle import command_line, run_hydra_job
 from .tasks import cnn as task
 
 
@@ -25,4 +24,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    cli.run(main, "cnn", task)
+    command_line(main, "cnn", task)

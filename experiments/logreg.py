@@ -17,8 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from .run import cli
-from .run.lifecycle import execute, run_hydra_job
+from .run.lifecycle import command_line, execute, run_hydra_job
 from .tasks import logreg as task
 from .tasks.logreg import build  # noqa: F401 (the task's build, for scripts and tests)
 
@@ -36,4 +35,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    cli.run(main, "logreg", task)
+    command_line(main, "logreg", task)

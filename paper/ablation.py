@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.statistics import curves, flatten, group_runs, load_runs, read_csv, write_csv
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 from experiments.run.config import sweep_dir
 
 # For each figure: the sweeps it reads, as (entry point, experiment config, method: the runs of

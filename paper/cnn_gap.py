@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 from analysis.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
                               reduction_rows, run_curve, write_csv)
 

@@ -392,7 +392,7 @@ def spend(panel: Panel, level: float) -> str:
 
 
 def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
-    from experiments.run.atomic import atomic_write_text
+    from experiments.run.runs import atomic_write_text
     from analysis.statistics import write_csv
     measured = measured_network()
     rows, notes, spent = [], [], []

@@ -20,7 +20,7 @@ import numpy as np
 
 from analysis.statistics import (group_runs, load_runs, read_csv, reduction_rows,
                                   smoothed_curves, write_csv, write_table)
-from experiments.run.atomic import atomic_write_text
+from experiments.run.runs import atomic_write_text
 from experiments.run.config import sweep_dir
 
 OUT = Path("results/fig2")

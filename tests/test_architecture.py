@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments import datasets
+from experiments import tasks
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = ("experiments", "hydra_plugins", "analysis", "paper", "benchmarks")   # all but gluon/
@@ -41,7 +41,7 @@ def documented_path() -> list[str]:
 
 
 def test_the_documented_run_path_is_what_a_run_loads(tmp_path):
-    datasets.libsvm_file("a5a", download=False)          # the run needs the data
+    tasks.libsvm_file("a5a", download=False)          # the run needs the data
     out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path / "run")], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import datasets
+from experiments import tasks
 from experiments.tasks.airbench import (N_PARAMS, Airbench94, GhostBatchNorm, count_params,
                                   init_whitening, patch_second_moment, recalibrate_bn)
 from experiments.tasks.cifar10 import Cifar, augment, load_cifar10, normalize
@@ -235,8 +235,8 @@ def test_image_folder_loader_and_uint8_cache(tmp_path, monkeypatch):
 
 def test_missing_dataset_error_lists_every_place(tmp_path, monkeypatch):
     dirs = [tmp_path / "a", tmp_path / "b"]
-    monkeypatch.setattr(datasets, "candidate_dirs", lambda data_dir=None: list(dirs))
-    with pytest.raises(datasets.DataNotFoundError) as err:
+    monkeypatch.setattr(tasks, "candidate_dirs", lambda data_dir=None: list(dirs))
+    with pytest.raises(tasks.DataNotFoundError) as err:
         load_cifar10(None, tmp_path / "cache", source="auto", download=False)
     msg = str(err.value)
     for d in dirs:

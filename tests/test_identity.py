@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments import datasets as paths
+from experiments import tasks as paths
 from experiments.run import runs
 from experiments.run.config import resolved
 from experiments.tasks import cnn

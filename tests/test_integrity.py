@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import datasets as paths
-from experiments.run.checkpoint import CHECKPOINT
+from experiments import tasks as paths
+from experiments.run.record import CHECKPOINT
 from experiments.run.config import ConfigError, validate
 from experiments.run.lifecycle import execute
 from experiments.run.runs import read_summary

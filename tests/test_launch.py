@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.run.checkpoint import CHECKPOINT
+from experiments.run.record import CHECKPOINT
 from experiments.run.runs import read_rows, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
 from tests.conftest import compose_config, metrics_bytes

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from experiments.datasets import DataNotFoundError, libsvm_file
+from experiments.tasks import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
 from experiments.run.runs import read_rows

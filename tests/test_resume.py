@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from experiments.run import lifecycle as runner
-from experiments.run.checkpoint import CHECKPOINT, SignalGuard
+from experiments.run.record import CHECKPOINT, SignalGuard
 from experiments.run.config import validate
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -22,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from gluon import make_compressor, resolve_method
+from gluon.distributed import KINDS, env_from_slurm
 
 from ..tasks import resolved, settings
 from .runs import OPERATIONAL, ConfigError, folder_name  # noqa: F401 (for callers)
@@ -167,7 +169,7 @@ def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> Di
     line's checks, the sbatch preview, the benchmarks and the tests."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from ..datasets import REPO
+    from .runs import REPO
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3",
                                job_name=primary):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
@@ -203,7 +205,6 @@ if not OmegaConf.has_resolver("gluon_run_folder"):
 
 
 # ---------------------------------------------------------------- building and checking
-
 
 
 def build_compressor(cfg: DictConfig):
@@ -243,7 +244,6 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
     the method with its compressor, the task's own ``check(cfg)`` and, for ``comm=torchdist``,
     the processes started (``check_world``; a launcher that will start them, SLURM with one
     task per worker, checks them in the job). Returns the compressor. Raises :class:`ConfigError`."""
-    from .world import check_env
     _known_keys(cfg)
     cfg = resolved(cfg)
     _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
@@ -277,3 +277,19 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
     if problem:
         raise ConfigError(problem)
     return compressor
+
+
+def check_env(kind: str, n_workers: int, environ=os.environ) -> str | None:
+    """Why ``comm=kind`` cannot run with ``n_workers`` workers here (None when it can); checked
+    before any process group or data."""
+    if kind not in KINDS:
+        return f"comm={kind}: choose one of {', '.join(KINDS)}"
+    if kind == "sim":
+        return None
+    if not env_from_slurm(environ):
+        return ("comm=torchdist needs one process per worker: start it with "
+                "`torchrun --nproc-per-node N -m experiments.<task> comm=torchdist ...` or srun")
+    size = int(environ["WORLD_SIZE"])
+    if size != n_workers:
+        return f"n_workers={n_workers} but {size} processes were started (one per worker)"
+    return None

@@ -1,15 +1,40 @@
-"""One run of any task, top to bottom: validate, lock, skip or resume, build, train, finish.
+"""One run, top to bottom: the command line's checks, then start or resume, train, finish.
 
-A task (:mod:`experiments.tasks.logreg`, :mod:`experiments.tasks.cnn`) supplies ``check(cfg)``
-and ``build(cfg, compressor, world) -> Built``; everything else (the run folder, metrics,
-summary, logging, W&B, divergence, checkpoints, preemption and the process world) is here once.
+Every entry point (``python -m experiments.logreg``, ``python -m experiments.cnn``) ends in
+:func:`command_line`, and its ``@hydra.main`` function in :func:`run_hydra_job`. In reading order:
 
-Checkpoints (see :mod:`experiments.run.checkpoint`): every ``checkpoint_every`` steps (0 = only
-on signals) and when SIGTERM/SIGUSR1/SIGUSR2 arrives, the state is written to
+1. **The command line** (:func:`command_line`, :func:`check_run`). Before hydra creates a run
+   folder, the command's config (a sweep's first job) is composed and validated
+   (:func:`experiments.run.config.validate`); in a sweep the sweeper
+   (``hydra_plugins.gluon_sweeper``) then checks every job, the experiment's grid included,
+   before any is launched. A bad config prints one or two lines on stderr and exits with
+   status 2::
+
+       $ python -m experiments.logreg steps=abc
+       error: steps=abc: Value 'abc' of type 'str' could not be converted to Integer
+
+   So does a broken environment, checked next (:func:`check_environment`): a run or sweep
+   folder (or ``results_dir``) that cannot be written, ``launcher=slurm`` where there is no
+   SLURM, the task's data (``check_data``: missing, not matching its ``SHA256SUMS``,
+   unreadable), and a folder that holds another run (:func:`other_run`).
+2. **The job** (:func:`run_hydra_job`): joins the process world, runs :func:`execute`; inside a
+   multirun a failing run is recorded and the sweep goes on.
+3. **The run** (:func:`execute`): validates and locks the folder, then three steps:
+   :func:`_start` (refuse another run's folder, skip a finished run, build the task, resume),
+   :func:`_train` (rows, checkpoints, signals) and :func:`_finish` (summary, checkpoint kept or
+   removed).
+
+A task (:mod:`experiments.tasks.logreg`, :mod:`experiments.tasks.cnn`) supplies ``check(cfg)``,
+``check_data(cfg)``, ``data_identity(cfg)`` and ``build(cfg, compressor, world) -> Built``;
+everything else (the run folder, metrics, summary, logging, W&B, divergence, checkpoints,
+preemption and the process world) is here once.
+
+Checkpoints (:mod:`experiments.run.record`): every ``checkpoint_every`` steps (0 = only on
+signals) and when SIGTERM/SIGUSR1/SIGUSR2 arrives, the state is written to
 ``<run_dir>/checkpoint.pt`` between two steps. A run that finds a checkpoint written with the
 same config resumes from it bit-identically: same parameters, same metric rows, no row missing
-or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them) as long as
-metrics.jsonl is the file the summary describes, else the run is "damaged"
+or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them)
+as long as metrics.jsonl is the file the summary describes, else the run is "damaged"
 (:mod:`experiments.run.runs`) and is done again (resumed from a checkpoint whose rows are
 intact, else recomputed), after a line that says so; "failed" (an exception) is re-run from
 scratch, its checkpoint deleted; a preempted run has no summary, only its checkpoint, and
@@ -23,463 +48,128 @@ prints it in one or two lines and exits with status 2, removing its run folder i
 invocation created it and nothing in it can be resumed; in a sweep the run is logged and left
 unfinished, so the sweep report lists it.
 
-Concurrency: a run folder is written by one process at a time (:class:`RunLock`); a second
-process given the same config waits for the first, then skips the finished run.
+Concurrency: a run folder is written by one process at a time
+(:class:`~experiments.run.runs.RunLock`); a second process given the same config waits for the
+first, then skips the finished run.
 
-With ``comm=torchdist`` every rank runs this lifecycle: each computes, rank 0 alone writes the
-folder, the logs and W&B; every other rank keeps its own worker's checkpoint
-(``checkpoint.rank<r>.pt``). The ranks agree (a collective) on skipping, resuming and stopping.
+Under torchrun (or srun) with ``comm=torchdist`` every rank checks before any collective and
+runs this lifecycle: each computes, rank 0 alone writes the folder, the logs and W&B (the
+other ranks keep hydra from writing into the run folder and from logging); every other rank
+keeps its own worker's checkpoint (``checkpoint.rank<r>.pt``). The ranks agree (a collective)
+on skipping, resuming and stopping.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
 import sys
-import socket
 import time
 import traceback
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gluon import train
-from gluon.engine import gradients_per_worker
+from gluon.distributed import World
 
-from . import checkpoint as ckpt
 from . import runs
-from .config import resolved, validate
-from .record import RunLog
-from .runs import read_summary
-from ..tasks import Built
+from .config import ConfigError, resolved, validate
+from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard,
+                     checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
+                     set_rng_state)
+from .runs import LOCK, EnvironmentProblem, RunLock, is_locked, read_summary  # noqa: F401
+from .runs import REPO
 from .runs import identity as comparable
-from .runs import LOCK, EnvironmentProblem, is_locked  # noqa: F401 (is_locked: for callers)
-from .world import World
+from ..tasks import Built
 
 log = logging.getLogger("experiments.run")
+INFO_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion")
 POLL = 10      # steps between the ranks' agreement on a pending signal (comm=torchdist)
 # errors of a write that say the machine, not the run, is at fault
 FULL = (errno.ENOSPC, errno.EDQUOT)
 READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-class RunLock:
-    """An exclusive lock on a run folder (``<run_dir>/.lock``, flock): one writer at a time.
+# -------------------------------- 1. the command line: every check before hydra writes
 
-    A second process asking for the same folder logs who holds it and waits; the lock dies with
-    its process (a killed run never leaves a stale lock)."""
+def command_line(hydra_main: Callable, config_name: str, task,
+                 argv: list[str] | None = None) -> None:
+    """Check every job, then run ``hydra_main`` (the entry point's ``@hydra.main`` function)."""
+    from hydra._internal.utils import get_args_parser
 
-    def __init__(self, run_dir: Path, enabled: bool = True):
-        self.path, self.enabled, self._fh = Path(run_dir) / LOCK, enabled, None
-
-    def __enter__(self) -> "RunLock":
-        if not self.enabled:
-            return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a+")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, _ = get_args_parser().parse_known_args(argv)
+    if not any(getattr(args, f, None) for f in INFO_FLAGS):
         try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._fh.seek(0)
-            holder = self._fh.read().strip() or "another process"
-            log.info("%s is being written by %s: waiting for it", self.path.parent, holder)
-            fcntl.flock(self._fh, fcntl.LOCK_EX)
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self._fh.flush()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._fh is not None:
-            self._fh.close()      # releases the lock
-            self._fh = None
+            check_run(config_name, list(args.overrides), bool(args.multirun), task)
+        except (ConfigError, EnvironmentProblem) as err:
+            fail(str(err))
+        if os.environ.get("RANK", "0") != "0":   # rank > 0 of a multi-process run: no writing
+            sys.argv = [sys.argv[0], *argv, "hydra.output_subdir=null",
+                        "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    hydra_main()
 
 
-def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
-    run_dir = Path(run_dir)
-    compressor = validate(cfg, task)          # bad input fails here, before any compute
-    cfg = resolved(cfg)                          # resolved, enums as strings
-    world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
-    config = OmegaConf.to_container(cfg)
+def check_run(config_name: str, overrides: list[str], multirun: bool, task) -> None:
+    """Compose and validate the command's config (a sweep's first job; the sweeper,
+    ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad."""
+    from .config import compose
+    try:
+        cfg = compose(config_name, *(first_point(overrides) if multirun else overrides),
+                      hydra=True)
+    except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
+        raise ConfigError(composition_message(err)) from None
+    validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))
+    check_environment(cfg, multirun, task)
+
+
+def check_environment(cfg, multirun: bool, task=None) -> None:
+    """What the machine must offer before hydra makes a folder: SLURM for a SLURM launcher,
+    write access where the run (or sweep) folder and the caches go, and the task's data
+    (``task.check_data(cfg)``, where the task has one; in a sweep the sweeper checks every job's
+    once every job's config is known to be good). EnvironmentProblem if not."""
+    from omegaconf import OmegaConf
+
+    if multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher") \
+            and shutil.which("srun") is None:
+        raise EnvironmentProblem(
+            "launcher=slurm: no SLURM here (srun is not on PATH)\n  submit from a machine of "
+            "the cluster, or use launcher=local or launcher=basic (make sbatch-preview "
+            "EXP=<experiment> prints the job script)")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+    for path, name in ((folder, key), (Path(REPO, cfg.results_dir), "results_dir")):
+        if path is not None:
+            writable(Path(str(path)), name)
+    check_data = getattr(task, "check_data", None)
+    if check_data is not None and not multirun:   # a sweep's: by the sweeper, every job's
+        check_data(cfg)
+    if not multirun and folder is not None and not cfg.overwrite:
+        refuse_other_run(Path(str(folder)), cfg, task)
+
+
+def refuse_other_run(run_dir: Path, cfg, task) -> None:
+    """EnvironmentProblem when ``run_dir`` holds another run than ``cfg``'s (never replaced
+    unless ``overwrite``), before hydra writes anything into it."""
+    from omegaconf import OmegaConf
+
+    if not (run_dir / "summary.json").exists() and not (run_dir / "checkpoint.pt").exists():
+        return
+    cfg = resolved(cfg)
     data_identity = getattr(task, "data_identity", None)
     data = data_identity(cfg) if data_identity is not None else None
-    torch.set_num_threads(cfg.threads)
-    try:
-        with RunLock(run_dir, enabled=world.writer):
-            return _execute(cfg, config, data, run_dir, task, world, compressor)
-    except Exception as err:
-        cause = environmental(err)
-        if cause is None:
-            raise
-        raise EnvironmentProblem(_stopped(cause, run_dir / _checkpoint_name(world))) from None
-
-
-def environmental(err: BaseException | None) -> OSError | None:
-    """The write refused by the machine (full disk, read-only folder) behind ``err``, if that
-    is what ``err`` is or was raised while handling, else None (a bug of the run)."""
-    for _ in range(8):
-        if err is None:
-            return None
-        if isinstance(err, OSError) and err.errno in FULL + READ_ONLY:
-            return err
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def _stopped(err: OSError, checkpoint: Path) -> str:
-    """What stopped the run and what is kept, in two lines."""
-    what = _shown(Path(err.filename)) if err.filename else "a file"
-    if err.errno in FULL:
-        first, fix = f"no space left on the device writing {what}", "free space"
-    else:
-        first = f"cannot write {what} ({os.strerror(err.errno)})"
-        fix = "make the folder writable (or choose another: hydra.run.dir=PATH, results_dir=PATH)"
-    saved = ckpt.load(checkpoint) if checkpoint.exists() else None
-    if saved is not None:
-        kept = (f"the last good checkpoint, {_shown(checkpoint)} (step {saved['method']['k']}), "
-                f"is kept: {fix}, then run the same command to resume from it")
-    else:
-        kept = f"no checkpoint was written yet: {fix}, then run the same command to start over"
-    return f"{first}\n  {kept}"
-
-
-def _shown(run_dir: Path) -> str:
-    """The run folder as the logs show it: relative to the working directory when inside it."""
-    try:
-        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(run_dir)
-
-
-class Active(NamedTuple):
-    """A run between its three steps: what :func:`_start` hands :func:`_train` and
-    :func:`_finish`."""
-    cfg: DictConfig                 # resolved
-    config: dict                    # the same, a plain dict (what is recorded)
-    where: str                      # the run folder as the logs show it
-    world: World
-    record: RunLog
-    built: Built                    # the task's method, evaluation and summary
-    saved: dict | None              # the checkpoint resumed from, or None
-    path: Path                      # this rank's checkpoint
-    prior_time: float               # training seconds before this invocation (a resume)
-    t0: float                       # perf_counter when this invocation started training
-
-    def elapsed(self) -> float:
-        return self.prior_time + time.perf_counter() - self.t0
-
-    def save(self) -> None:
-        """A checkpoint of the run now (written atomically; the last good one is kept)."""
-        method, state = self.built.method, self.built.state
-        ckpt.save(self.path, {
-            "format": ckpt.FORMAT, "config": comparable(self.config), "job": ckpt.job_key(),
-            "method": method.state_dict(),
-            "state": state.state_dict() if state is not None else None,
-            "rng": ckpt.rng_state(), "rows": self.record.rows,
-            "rows_sha256": self.record.rows_sha256(), "wandb_id": self.record.wandb_id,
-            "train_time": self.elapsed()})
-
-
-def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
-    """Start (or skip, or resume), train with checkpoints, finish."""
-    run = _start(cfg, config, data, run_dir, task, world, compressor)
-    if not isinstance(run, Active):           # skipped: the finished run's summary
-        return run
-    status = _train(run)
-    return _finish(run, status)
-
-
-def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict:
-    """Refuse a folder holding another run; skip a finished run (its summary); else build the
-    task's method and resume it from its checkpoint when one of this config is intact."""
-    where = _shown(run_dir)
-    other = (other_run(run_dir, config, data, _checkpoint_name(world), world.writer)
-             if not cfg.overwrite else None)
-    if world.any(other is not None):          # never overwritten: the ranks stop together
-        raise EnvironmentProblem(other or "another rank's run folder holds another run")
-    record = RunLog(run_dir, config, wandb_cfg=config.get("wandb"), figure=cfg.get("group"),
-                    enabled=world.writer, data_id=data)
-    if world.all(record.should_skip(cfg.overwrite)):
-        log.info("[skip] %s: already finished with this config", where)
-        return read_summary(run_dir)
-
-    damaged = _damaged(run_dir, config) if world.writer and not cfg.overwrite else None
-    path = run_dir / _checkpoint_name(world)
-    saved = _resumable(ckpt.load(path), config, cfg.overwrite,
-                       run_dir if world.writer else None)
-    if not world.all(saved is not None):
-        saved = None                          # resume only when every rank can
-    if damaged:
-        log.info("[damaged] %s: %s: %s", where, damaged,
-                 f"resuming from its checkpoint at step {saved['method']['k']}" if saved
-                 else "recomputing it")
-    try:
-        built = task.build(cfg, compressor, world)
-    except EnvironmentProblem:                # e.g. the data went missing: nothing to record
-        raise
-    except Exception:                         # a bug: recorded
-        record.start()
-        record.finish("failed", error=traceback.format_exc())
-        raise
-    prior_time = 0.0
-    if saved is not None:
-        built.method.load_state_dict(saved["method"])
-        if built.state is not None and saved.get("state") is not None:
-            built.state.load_state_dict(saved["state"])
-        ckpt.set_rng_state(saved["rng"])
-        prior_time = saved.get("train_time", 0.0)
-        record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
-        log.info("[resume] %s: from step %d (%d rows)", where, built.method.k, saved["rows"])
-    else:
-        path.unlink(missing_ok=True)
-        record.start()
-    log.info("[start] %s: %s", where, _summary_line(config))
-    return Active(cfg, config, where, world, record, built, saved, path, prior_time,
-                  time.perf_counter())
-
-
-def _train(run: Active) -> str:
-    """Train to the budget, logging rows and checkpointing every ``checkpoint_every`` steps and
-    on a signal; returns the status ("ok" or "diverged"). A signal checkpoints and stops (the
-    same command resumes); a failure is recorded and re-raised."""
-    cfg, method, world = run.cfg, run.built.method, run.world
-    every = int(cfg.get("checkpoint_every", 0) or 0)
-    progress = Progress(cfg, method)
-    interrupted = False
-    with ckpt.SignalGuard() as guard:
-        def on_step(m):
-            nonlocal interrupted
-            progress.tick(run.record.last_row)
-            stop = guard.pending is not None
-            if world.size > 1:                # the ranks agree (a collective) every POLL steps,
-                stop = m.k % POLL == 0 and world.any(stop)   # so all checkpoint at one step
-            periodic = every and m.k % every == 0 and m.k < cfg.steps
-            if periodic or stop:
-                run.save()
-            if stop:
-                interrupted = True
-                log.info("[signal] %s at step %d: checkpoint written, stopping (the same command "
-                         "resumes)", _signal_name(guard.pending) if guard.pending is not None
-                         else "another rank's signal", m.k)
-                if guard.pending is None:     # another rank was signalled: stop with it
-                    raise SystemExit(143)
-                guard.forward()               # exits (or requeues through submitit) as asked
-                interrupted = False           # the previous handler let the run go on
-
-        try:
-            return train(method, cfg.steps, log_every=cfg.log_every, evaluate=run.built.evaluate,
-                         on_log=run.record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
-                         log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
-        except Exception as err:
-            if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
-                run.record.abort()        # too many times"; a full disk: the checkpoint
-                raise                     # is kept and resumes the run
-            run.record.finish("failed", error=traceback.format_exc(), **run.built.summary)
-            run.path.unlink(missing_ok=True)  # a failure is re-run from scratch
-            raise
-        except BaseException as err:          # SystemExit from a signal, KeyboardInterrupt
-            run.record.abort()                # no summary: the checkpoint resumes the run
-            if not interrupted:
-                log.info("[stopped] %s at step %d: %s", _stop_reason(err), method.k,
-                         "its last checkpoint is kept (the same command resumes)"
-                         if run.path.exists() else "no checkpoint written yet")
-            raise
-
-
-def _finish(run: Active, status: str) -> dict:
-    """Write summary.json (what the run computed and communicated), then keep or delete the
-    checkpoint and remove what killed checkpoint writes left behind."""
-    method, world = run.built.method, run.world
-    last = run.record.last_row or {}
-    wire = {}
-    if world.size > 1:                        # a collective: what the ranks put on the wire
-        rep = method.comm.report()
-        wire = {"wire": {"backend": method.comm.backend, "processes": world.size,
-                         "measured_bytes_per_worker": rep["measured_bytes_per_worker"],
-                         "collectives": method.comm.collectives,
-                         "coin_bytes": method.comm.coin_bytes}}
-    summary = run.record.finish(status, **run.built.summary, **wire, steps_done=method.k,
-                                final={k: v for k, v in last.items()},
-                                comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
-                                train_time=run.elapsed(), dim=method.dim,
-                                resumed=run.saved is not None)
-    if run.cfg.get("keep_checkpoint", False):
-        run.save()                            # the final state (a finished run never resumes)
-    else:
-        run.path.unlink(missing_ok=True)
-    for tmp in ckpt.leftovers(run.path):      # left by a process killed while writing
-        tmp.unlink(missing_ok=True)
-    world.barrier()
-    shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
-                      and isinstance(v, float))
-    log.info("[%s] %s: %d steps, %s, %.1f s", status, run.where, method.k, shown,
-             summary["train_time"])
-    return summary
-
-
-def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = ckpt.CHECKPOINT,
-              writer: bool = True) -> str | None:
-    """Why ``run_dir`` holds another run than ``config`` on ``data`` (its summary or its
-    checkpoint records another identity), in two lines, or None. Such a folder is never
-    overwritten: the command line asks this before hydra writes into the folder, the sweeper
-    before launching, and the lifecycle again before a run starts."""
-    run_dir = Path(run_dir)
-    s = read_summary(run_dir) if writer else None
-    if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
-        why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
-               else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
-        return (f"{_shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
-                "folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
-    path = run_dir / checkpoint
-    saved = ckpt.load(path) if s is None and path.exists() else None
-    if saved is not None and saved.get("config") != comparable(config):
-        return (f"{_shown(run_dir)} holds the checkpoint of another run "
-                f"({runs.difference(config, saved.get('config'))})\n  choose another folder "
-                "(hydra.run.dir=PATH), or pass overwrite=true to replace that run")
-    return None
-
-
-def _checkpoint_name(world: World) -> str:
-    return ckpt.CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
-
-
-def _resumable(saved: dict | None, config: dict, overwrite: bool,
-               run_dir: Path | None = None) -> dict | None:
-    """A checkpoint is used when it was written with the same config; with ``overwrite`` only
-    when it was written by this very scheduler job (a requeue), not by an earlier run; and,
-    given the ``run_dir`` whose metrics.jsonl it continues (the writing process), only when
-    that file still starts with the rows the checkpoint was written after."""
-    if saved is None:
-        return None
-    if saved.get("config") != comparable(config):
-        log.info("[checkpoint] config changed since the checkpoint: starting over")
-        return None
-    if overwrite and (saved.get("job") is None or saved.get("job") != ckpt.job_key()):
-        return None
-    problem = _rows_problem(run_dir, saved) if run_dir is not None else None
+    problem = other_run(run_dir, OmegaConf.to_container(cfg), data)
     if problem:
-        log.info("[checkpoint] %s: %s: starting over", _shown(run_dir), problem)
-        return None
-    return saved
+        raise EnvironmentProblem(problem)
 
 
-def _rows_problem(run_dir: Path, saved: dict) -> str | None:
-    """Why metrics.jsonl no longer holds the rows a checkpoint was written after, or None."""
-    n = int(saved.get("rows", 0))
-    try:
-        have = runs.digest(run_dir / runs.METRICS, rows=n)
-    except FileNotFoundError:
-        return f"{runs.METRICS} is missing (the checkpoint was written after {n} rows)"
-    if have["rows"] < n:
-        return (f"{runs.METRICS} has {have['rows']} complete rows, the checkpoint was written "
-                f"after {n}")
-    want = saved.get("rows_sha256")
-    if want is not None and have["sha256"] != want:
-        return f"the first {n} rows of {runs.METRICS} are not those the checkpoint was written after"
-    if want is None:                          # a checkpoint of an earlier version
-        with open(run_dir / runs.METRICS) as fh:
-            for i, (line, _) in enumerate(zip(fh, range(n)), 1):
-                try:
-                    json.loads(line)
-                except ValueError:
-                    return f"{runs.METRICS} line {i} is not a row"
-    return None
-
-
-def _damaged(run_dir: Path, config: dict) -> str | None:
-    """Why a finished run of this config is damaged (it is not skipped), or None."""
-    s = read_summary(run_dir)
-    if not s or s.get("status") not in runs.FINISHED or not runs.same_run(s, config, None):
-        return None
-    return runs.damage(run_dir, s)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _stop_reason(err: BaseException) -> str:
-    if isinstance(err, KeyboardInterrupt):
-        return "SIGINT (KeyboardInterrupt)"
-    if isinstance(err, SystemExit) and isinstance(err.code, int) and err.code > 128:
-        return _signal_name(err.code - 128)
-    return type(err).__name__
-
-
-def _summary_line(config: dict) -> str:
-    m, c, t = config.get("method", {}), config.get("compressor", {}), config.get("task", {})
-    hp = " ".join(f"{k}={v}" for k, v in m.items() if k != "name" and v is not None)
-    comp = " ".join(f"{k}={v}" for k, v in c.items() if k != "name" and v is not None)
-    budget = (f"{config['steps']} steps" if config.get("max_comm") is None
-              else f"{config['max_comm']:g} units of uplink (at most {config['steps']} steps)")
-    if config.get("max_grads") is not None:
-        budget += f", at most {config['max_grads']:g} gradient evaluations per worker"
-    return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {t.get('name')}, "
-            f"{config.get('n_workers')} workers ({config.get('comm', 'sim')}), seed "
-            f"{config.get('seed')}, {budget}")
-
-
-class Progress:
-    """A log line every ``progress_s`` seconds of wall time: step, uplink, the last logged
-    metric, steps/s and the time left (by steps, or by uplink when a budget stops the run)."""
-
-    def __init__(self, cfg, method):
-        self.every = float(cfg.get("progress_s", 10.0) or 0.0)
-        self.steps, self.max_comm, self.max_grads = cfg.steps, cfg.get("max_comm"), cfg.get("max_grads")
-        self.method = method
-        self.t0 = time.monotonic()
-        self.k0, self.done0 = method.k, self.done()
-        self.next = self.t0 + self.every
-
-    def done(self) -> float:
-        """The fraction of the run done: of its steps, or of its uplink budget when that is
-        reached first."""
-        m = self.method
-        done = m.k / self.steps if self.steps else 1.0
-        if self.max_comm:
-            done = max(done, m.comm.ledger.cost / self.max_comm)
-        if self.max_grads:
-            done = max(done, gradients_per_worker(m) / self.max_grads)
-        return min(done, 1.0)
-
-    def tick(self, row: dict | None) -> None:
-        if not self.every:
-            return
-        now = time.monotonic()
-        if now < self.next:
-            return
-        self.next = now + self.every
-        m = self.method
-        rate = (m.k - self.k0) / max(now - self.t0, 1e-9)
-        comm = m.comm.ledger.cost
-        done = self.done()
-        left = (now - self.t0) * (1 - done) / (done - self.done0) if done > self.done0 \
-            else float("nan")
-        metric = ""
-        if row:
-            key = "gap" if "gap" in row else "loss" if "loss" in row else None
-            metric = f" | {'f - f*' if key == 'gap' else key} {row[key]:.4g}" if key else ""
-        log.info("step %d/%d | uplink %.4g%s%s | %.0f steps/s | %.0f%% | %s left",
-                 m.k, self.steps, comm, f"/{self.max_comm:g}" if self.max_comm else "", metric,
-                 rate, 100 * done, _duration(left))
-
-
-def _duration(s: float) -> str:
-    if s != s:
-        return "?"
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
+# -------------------------------- 2. the job: the body of an entry point's @hydra.main
 
 def run_hydra_job(cfg: DictConfig, task) -> dict:
     """The body of an entry point's ``@hydra.main`` task function.
@@ -492,7 +182,7 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .world import close_world, open_world
+    from gluon.distributed import close_world, open_world
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -564,3 +254,421 @@ def _to_file_logs(message: str) -> None:
             h.handle(record)
         except OSError:
             pass
+
+
+# -------------------------------- 3. the run: start (or skip, or resume), train, finish
+
+def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
+    run_dir = Path(run_dir)
+    compressor = validate(cfg, task)          # bad input fails here, before any compute
+    cfg = resolved(cfg)                          # resolved, enums as strings
+    world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
+    config = OmegaConf.to_container(cfg)
+    data_identity = getattr(task, "data_identity", None)
+    data = data_identity(cfg) if data_identity is not None else None
+    torch.set_num_threads(cfg.threads)
+    try:
+        with RunLock(run_dir, enabled=world.writer):
+            return _execute(cfg, config, data, run_dir, task, world, compressor)
+    except Exception as err:
+        cause = environmental(err)
+        if cause is None:
+            raise
+        raise EnvironmentProblem(_stopped(cause, run_dir / _checkpoint_name(world))) from None
+
+
+class Active(NamedTuple):
+    """A run between its three steps: what :func:`_start` hands :func:`_train` and
+    :func:`_finish`."""
+    cfg: DictConfig                 # resolved
+    config: dict                    # the same, a plain dict (what is recorded)
+    where: str                      # the run folder as the logs show it
+    world: World
+    record: RunLog
+    built: Built                    # the task's method, evaluation and summary
+    saved: dict | None              # the checkpoint resumed from, or None
+    path: Path                      # this rank's checkpoint
+    prior_time: float               # training seconds before this invocation (a resume)
+    t0: float                       # perf_counter when this invocation started training
+
+    def elapsed(self) -> float:
+        return self.prior_time + time.perf_counter() - self.t0
+
+    def save(self) -> None:
+        """A checkpoint of the run now (written atomically; the last good one is kept)."""
+        method, state = self.built.method, self.built.state
+        save_checkpoint(self.path, {
+            "format": CHECKPOINT_FORMAT, "config": comparable(self.config), "job": job_key(),
+            "method": method.state_dict(),
+            "state": state.state_dict() if state is not None else None,
+            "rng": rng_state(), "rows": self.record.rows,
+            "rows_sha256": self.record.rows_sha256(), "wandb_id": self.record.wandb_id,
+            "train_time": self.elapsed()})
+
+
+def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
+    """Start (or skip, or resume), train with checkpoints, finish."""
+    run = _start(cfg, config, data, run_dir, task, world, compressor)
+    if not isinstance(run, Active):           # skipped: the finished run's summary
+        return run
+    status = _train(run)
+    return _finish(run, status)
+
+
+def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict:
+    """Refuse a folder holding another run; skip a finished run (its summary); else build the
+    task's method and resume it from its checkpoint when one of this config is intact."""
+    where = _shown(run_dir)
+    other = (other_run(run_dir, config, data, _checkpoint_name(world), world.writer)
+             if not cfg.overwrite else None)
+    if world.any(other is not None):          # never overwritten: the ranks stop together
+        raise EnvironmentProblem(other or "another rank's run folder holds another run")
+    record = RunLog(run_dir, config, wandb_cfg=config.get("wandb"), figure=cfg.get("group"),
+                    enabled=world.writer, data_id=data)
+    if world.all(record.should_skip(cfg.overwrite)):
+        log.info("[skip] %s: already finished with this config", where)
+        return read_summary(run_dir)
+
+    damaged = _damaged(run_dir, config) if world.writer and not cfg.overwrite else None
+    path = run_dir / _checkpoint_name(world)
+    saved = _resumable(load_checkpoint(path), config, cfg.overwrite,
+                       run_dir if world.writer else None)
+    if not world.all(saved is not None):
+        saved = None                          # resume only when every rank can
+    if damaged:
+        log.info("[damaged] %s: %s: %s", where, damaged,
+                 f"resuming from its checkpoint at step {saved['method']['k']}" if saved
+                 else "recomputing it")
+    try:
+        built = task.build(cfg, compressor, world)
+    except EnvironmentProblem:                # e.g. the data went missing: nothing to record
+        raise
+    except Exception:                         # a bug: recorded
+        record.start()
+        record.finish("failed", error=traceback.format_exc())
+        raise
+    prior_time = 0.0
+    if saved is not None:
+        built.method.load_state_dict(saved["method"])
+        if built.state is not None and saved.get("state") is not None:
+            built.state.load_state_dict(saved["state"])
+        set_rng_state(saved["rng"])
+        prior_time = saved.get("train_time", 0.0)
+        record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
+        log.info("[resume] %s: from step %d (%d rows)", where, built.method.k, saved["rows"])
+    else:
+        path.unlink(missing_ok=True)
+        record.start()
+    log.info("[start] %s: %s", where, _summary_line(config))
+    return Active(cfg, config, where, world, record, built, saved, path, prior_time,
+                  time.perf_counter())
+
+
+def _train(run: Active) -> str:
+    """Train to the budget, logging rows and checkpointing every ``checkpoint_every`` steps and
+    on a signal; returns the status ("ok" or "diverged"). A signal checkpoints and stops (the
+    same command resumes); a failure is recorded and re-raised."""
+    cfg, method, world = run.cfg, run.built.method, run.world
+    every = int(cfg.get("checkpoint_every", 0) or 0)
+    progress = Progress(cfg, method)
+    interrupted = False
+    with SignalGuard() as guard:
+        def on_step(m):
+            nonlocal interrupted
+            progress.tick(run.record.last_row)
+            stop = guard.pending is not None
+            if world.size > 1:                # the ranks agree (a collective) every POLL steps,
+                stop = m.k % POLL == 0 and world.any(stop)   # so all checkpoint at one step
+            periodic = every and m.k % every == 0 and m.k < cfg.steps
+            if periodic or stop:
+                run.save()
+            if stop:
+                interrupted = True
+                log.info("[signal] %s at step %d: checkpoint written, stopping (the same command "
+                         "resumes)", _signal_name(guard.pending) if guard.pending is not None
+                         else "another rank's signal", m.k)
+                if guard.pending is None:     # another rank was signalled: stop with it
+                    raise SystemExit(143)
+                guard.forward()               # exits (or requeues through submitit) as asked
+                interrupted = False           # the previous handler let the run go on
+
+        try:
+            return train(method, cfg.steps, log_every=cfg.log_every, evaluate=run.built.evaluate,
+                         on_log=run.record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
+                         log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
+        except Exception as err:
+            if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
+                run.record.abort()        # too many times"; a full disk: the checkpoint
+                raise                     # is kept and resumes the run
+            run.record.finish("failed", error=traceback.format_exc(), **run.built.summary)
+            run.path.unlink(missing_ok=True)  # a failure is re-run from scratch
+            raise
+        except BaseException as err:          # SystemExit from a signal, KeyboardInterrupt
+            run.record.abort()                # no summary: the checkpoint resumes the run
+            if not interrupted:
+                log.info("[stopped] %s at step %d: %s", _stop_reason(err), method.k,
+                         "its last checkpoint is kept (the same command resumes)"
+                         if run.path.exists() else "no checkpoint written yet")
+            raise
+
+
+def _finish(run: Active, status: str) -> dict:
+    """Write summary.json (what the run computed and communicated), then keep or delete the
+    checkpoint and remove what killed checkpoint writes left behind."""
+    method, world = run.built.method, run.world
+    last = run.record.last_row or {}
+    wire = {}
+    if world.size > 1:                        # a collective: what the ranks put on the wire
+        rep = method.comm.report()
+        wire = {"wire": {"backend": method.comm.backend, "processes": world.size,
+                         "measured_bytes_per_worker": rep["measured_bytes_per_worker"],
+                         "collectives": method.comm.collectives,
+                         "coin_bytes": method.comm.coin_bytes}}
+    summary = run.record.finish(status, **run.built.summary, **wire, steps_done=method.k,
+                                final={k: v for k, v in last.items()},
+                                comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
+                                train_time=run.elapsed(), dim=method.dim,
+                                resumed=run.saved is not None)
+    if run.cfg.get("keep_checkpoint", False):
+        run.save()                            # the final state (a finished run never resumes)
+    else:
+        run.path.unlink(missing_ok=True)
+    for tmp in checkpoint_leftovers(run.path):      # left by a process killed while writing
+        tmp.unlink(missing_ok=True)
+    world.barrier()
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items() if k not in ("step", "bytes")
+                      and isinstance(v, float))
+    log.info("[%s] %s: %d steps, %s, %.1f s", status, run.where, method.k, shown,
+             summary["train_time"])
+    return summary
+
+
+def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = CHECKPOINT,
+              writer: bool = True) -> str | None:
+    """Why ``run_dir`` holds another run than ``config`` on ``data`` (its summary or its
+    checkpoint records another identity), in two lines, or None. Such a folder is never
+    overwritten: the command line asks this before hydra writes into the folder, the sweeper
+    before launching, and the lifecycle again before a run starts."""
+    run_dir = Path(run_dir)
+    s = read_summary(run_dir) if writer else None
+    if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
+        why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
+               else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
+        return (f"{_shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
+                "folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+    path = run_dir / checkpoint
+    saved = load_checkpoint(path) if s is None and path.exists() else None
+    if saved is not None and saved.get("config") != comparable(config):
+        return (f"{_shown(run_dir)} holds the checkpoint of another run "
+                f"({runs.difference(config, saved.get('config'))})\n  choose another folder "
+                "(hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+    return None
+
+
+# ---------------------------------------------------------------- what the steps share
+
+def environmental(err: BaseException | None) -> OSError | None:
+    """The write refused by the machine (full disk, read-only folder) behind ``err``, if that
+    is what ``err`` is or was raised while handling, else None (a bug of the run)."""
+    for _ in range(8):
+        if err is None:
+            return None
+        if isinstance(err, OSError) and err.errno in FULL + READ_ONLY:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _stopped(err: OSError, checkpoint: Path) -> str:
+    """What stopped the run and what is kept, in two lines."""
+    what = _shown(Path(err.filename)) if err.filename else "a file"
+    if err.errno in FULL:
+        first, fix = f"no space left on the device writing {what}", "free space"
+    else:
+        first = f"cannot write {what} ({os.strerror(err.errno)})"
+        fix = "make the folder writable (or choose another: hydra.run.dir=PATH, results_dir=PATH)"
+    saved = load_checkpoint(checkpoint) if checkpoint.exists() else None
+    if saved is not None:
+        kept = (f"the last good checkpoint, {_shown(checkpoint)} (step {saved['method']['k']}), "
+                f"is kept: {fix}, then run the same command to resume from it")
+    else:
+        kept = f"no checkpoint was written yet: {fix}, then run the same command to start over"
+    return f"{first}\n  {kept}"
+
+
+def _shown(run_dir: Path) -> str:
+    """The run folder as the logs show it: relative to the working directory when inside it."""
+    try:
+        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
+def _checkpoint_name(world: World) -> str:
+    return CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
+
+
+def _resumable(saved: dict | None, config: dict, overwrite: bool,
+               run_dir: Path | None = None) -> dict | None:
+    """A checkpoint is used when it was written with the same config; with ``overwrite`` only
+    when it was written by this very scheduler job (a requeue), not by an earlier run; and,
+    given the ``run_dir`` whose metrics.jsonl it continues (the writing process), only when
+    that file still starts with the rows the checkpoint was written after."""
+    if saved is None:
+        return None
+    if saved.get("config") != comparable(config):
+        log.info("[checkpoint] config changed since the checkpoint: starting over")
+        return None
+    if overwrite and (saved.get("job") is None or saved.get("job") != job_key()):
+        return None
+    problem = _rows_problem(run_dir, saved) if run_dir is not None else None
+    if problem:
+        log.info("[checkpoint] %s: %s: starting over", _shown(run_dir), problem)
+        return None
+    return saved
+
+
+def _rows_problem(run_dir: Path, saved: dict) -> str | None:
+    """Why metrics.jsonl no longer holds the rows a checkpoint was written after, or None."""
+    n = int(saved.get("rows", 0))
+    try:
+        have = runs.digest(run_dir / runs.METRICS, rows=n)
+    except FileNotFoundError:
+        return f"{runs.METRICS} is missing (the checkpoint was written after {n} rows)"
+    if have["rows"] < n:
+        return (f"{runs.METRICS} has {have['rows']} complete rows, the checkpoint was written "
+                f"after {n}")
+    want = saved.get("rows_sha256")
+    if want is not None and have["sha256"] != want:
+        return f"the first {n} rows of {runs.METRICS} are not those the checkpoint was written after"
+    if want is None:                          # a checkpoint of an earlier version
+        with open(run_dir / runs.METRICS) as fh:
+            for i, (line, _) in enumerate(zip(fh, range(n)), 1):
+                try:
+                    json.loads(line)
+                except ValueError:
+                    return f"{runs.METRICS} line {i} is not a row"
+    return None
+
+
+def _damaged(run_dir: Path, config: dict) -> str | None:
+    """Why a finished run of this config is damaged (it is not skipped), or None."""
+    s = read_summary(run_dir)
+    if not s or s.get("status") not in runs.FINISHED or not runs.same_run(s, config, None):
+        return None
+    return runs.damage(run_dir, s)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _stop_reason(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "SIGINT (KeyboardInterrupt)"
+    if isinstance(err, SystemExit) and isinstance(err.code, int) and err.code > 128:
+        return _signal_name(err.code - 128)
+    return type(err).__name__
+
+
+def _summary_line(config: dict) -> str:
+    m, c, t = config.get("method", {}), config.get("compressor", {}), config.get("task", {})
+    hp = " ".join(f"{k}={v}" for k, v in m.items() if k != "name" and v is not None)
+    comp = " ".join(f"{k}={v}" for k, v in c.items() if k != "name" and v is not None)
+    budget = (f"{config['steps']} steps" if config.get("max_comm") is None
+              else f"{config['max_comm']:g} units of uplink (at most {config['steps']} steps)")
+    if config.get("max_grads") is not None:
+        budget += f", at most {config['max_grads']:g} gradient evaluations per worker"
+    return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {t.get('name')}, "
+            f"{config.get('n_workers')} workers ({config.get('comm', 'sim')}), seed "
+            f"{config.get('seed')}, {budget}")
+
+
+# ---------------------------------------------------------------- the command line's helpers
+
+def first_point(overrides: list[str]) -> list[str]:
+    """The overrides of a sweep's first job: each swept key at its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    return [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+            if o.is_sweep_override() else o.input_line
+            for o in OverridesParser.create().parse_overrides(overrides)]
+
+
+def launcher_starts_workers(cfg) -> bool:
+    """Whether the sweep's launcher starts the worker processes itself (SLURM with one task per
+    worker): the job, not the submitting command, then checks its process world."""
+    launcher = cfg.hydra.launcher
+    return (str(launcher.get("_target_", "")).endswith("SlurmLauncher")
+            and int(launcher.get("tasks_per_node", 1) or 1) > 1)
+
+
+def writable(path: Path, key: str) -> None:
+    """EnvironmentProblem unless ``path`` can be made and written: its nearest existing folder
+    must be a writable folder. Nothing is created."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise EnvironmentProblem(f"{key}={path}: {probe} is a file, not a folder\n  choose "
+                                 f"another folder with {key}=PATH")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        why = "a read-only file system" if _read_only_fs(probe) else "not writable"
+        raise EnvironmentProblem(f"{key}={path}: cannot write there ({probe} is {why})\n  "
+                                 f"make it writable, or choose another folder with {key}=PATH")
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def fail(message: str) -> None:
+    """A bad config: one or two lines on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def composition_message(err: Exception) -> str:
+    """Hydra's message for a bad override, in one or two lines."""
+    override = None
+    text = str(err).strip()
+    missing = _missing_option(text)
+    if missing:
+        return missing
+    if text.startswith("Error merging override "):
+        override = text[len("Error merging override "):].splitlines()[0]
+    cause = err.__cause__ or err.__context__
+    if override and cause is not None:
+        return f"{override}: {str(cause).strip().splitlines()[0]}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines and "Available options" in text:          # an unknown config group option
+        i = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
+        options = []
+        for ln in lines[i + 1:]:
+            if ln.startswith("Config search path"):
+                break
+            options.append(ln)
+        return f"{lines[0]}\n{lines[i]} {', '.join(options)}"
+    return "\n".join(lines[:2]) if lines else type(err).__name__
+
+
+def _missing_option(text: str) -> str | None:
+    """``tuned=fig2_logreg/nope``: hydra names no options for a nested group; list them."""
+    first = text.splitlines()[0] if text else ""
+    if "Could not find '" not in first or "Available options" in text:
+        return None
+    missing = first.split("Could not find '", 1)[1].split("'", 1)[0]
+    group, _, name = missing.partition("/")
+    root = REPO / "configs" / group
+    if not name or not root.is_dir():
+        return None
+    under = (root / name).parent
+    under = under if under.is_dir() and under != root else root
+    options = sorted(p.relative_to(root).with_suffix("").as_posix() for p in under.rglob("*.yaml")
+                     if not any(part.startswith("_") for part in p.relative_to(root).parts))
+    return f"{group}={name}: no such config; the options are {', '.join(options)}"

@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from . import runs
-from .atomic import atomic_write_text
+from .runs import atomic_write_text
 
 
 def data_identity(config: dict) -> str | None:
@@ -60,7 +60,7 @@ def added_keys(config: dict) -> list[str]:
     schema = SCHEMAS.get((config.get("task") or {}).get("name"))
     if schema is None:
         return []
-    from ..datasets import REPO
+    from .runs import REPO
     defaults = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True,
                                       throw_on_missing=False)
     task = REPO / "configs" / "task" / f"{config['task']['name']}.yaml"   # the task's defaults

@@ -2,7 +2,9 @@
 
 Everyone who asks "which run is this?", "is it finished?" or reads its rows uses this module: the
 run lifecycle (skip, resume or refuse), the sweeper (launch or not), the sweep report, ``make
-summarize``, the migration command and the figures. It imports neither hydra nor torch.
+summarize``, the migration command and the figures. It imports neither hydra nor torch. It also
+holds what keeps parallel writers apart: the folder lock (:class:`RunLock`: one writer per run
+folder) and the atomic writes of every file that parallel jobs share (:func:`atomic_write`).
 
 Identity (:func:`identity`, :func:`run_id`, :func:`folder_name`): a run is what its resolved
 config computes on its data. Its identity is the resolved config less the keys in
@@ -42,7 +44,14 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
+import os
+import secrets
+import socket
 from pathlib import Path
+from typing import IO, Callable
+
+REPO = Path(__file__).resolve().parents[2]     # the checkout: configs/, results/
 
 # Top-level keys that say how a run is executed, not what it computes. ``comm`` runs the same
 # workers in one process or in several (bit-identical except the dense all_reduce's summation
@@ -322,3 +331,115 @@ def difference(a: dict | None, b: dict | None) -> str:
         if fa.get(k) != fb.get(k):
             return f"{k}: {fa.get(k)} here, {fb.get(k)} there"
     return "the data"
+
+
+# ---------------------------------------------------------------- one writer per folder
+
+class RunLock:
+    """An exclusive lock on a run folder (``<run_dir>/.lock``, flock): one writer at a time.
+
+    A second process asking for the same folder logs who holds it and waits; the lock dies with
+    its process (a killed run never leaves a stale lock)."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.path, self.enabled, self._fh = Path(run_dir) / LOCK, enabled, None
+
+    def __enter__(self) -> "RunLock":
+        if not self.enabled:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "another process"
+            logging.getLogger("experiments.run").info(
+                "%s is being written by %s: waiting for it", self.path.parent, holder)
+            fcntl.flock(self._fh, fcntl.LOCK_EX)
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self._fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()      # releases the lock
+            self._fh = None
+
+
+# ---------------------------------------------------------------- files that parallel jobs share
+#
+# Atomic file writes for files that parallel jobs share (the caches under ``results/cache``).
+#
+# Several jobs may build the same file at the same time: ``make fig2-cnn`` starts parallel runs
+# that all decode CIFAR-10 on a fresh clone and write ``cifar10-<source>-v1.pt``, and the jobs of
+# a SLURM array all compute f* and write ``fstar-*.json``. Writing to one fixed temporary name
+# (``path.with_suffix(".tmp")``) races: two writers truncate and fill the same temporary file,
+# the first ``replace`` moves it away so the second fails with FileNotFoundError, or a reader
+# loads a half-written file.
+#
+# :func:`atomic_write` gives every writer its own temporary file in the target's directory
+# (``.<name>.<pid>.<random>.tmp``: same file system, so the rename is atomic), flushes and fsyncs
+# it, then ``os.replace``-s it onto the target. Readers see either no file or a complete one,
+# never a partial one. No lock is needed for the caches: their content is a deterministic
+# function of the inputs, so when two jobs both write, the last replace wins and both versions
+# are identical. On any error the temporary file is removed, so none is left behind.
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (best effort: not every OS/file system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+
+
+def _open_unique(path: Path) -> tuple[Path, int]:
+    """A new, exclusively created temporary file beside ``path``; mode 0o666 minus the umask
+    (unlike mkstemp's 0o600, so a shared cache stays readable by the group as usual)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return tmp, os.open(tmp, _FLAGS, 0o666)
+        except FileExistsError:
+            continue
+
+
+def atomic_write(path: str | Path, write_fn: Callable[[IO[bytes]], object]) -> None:
+    """Write ``path`` atomically: ``write_fn(fh)`` fills a private temporary file (binary mode)
+    in the same directory, which then replaces ``path`` in one step (see the module docstring).
+    Parent directories are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _open_unique(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write_fn(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        if isinstance(err, OSError) and err.filename in (None, str(tmp)):
+            err.filename = str(path)           # e.g. a full disk: name the file being written
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    """:func:`atomic_write` for a text file."""
+    data = text.encode(encoding)
+    atomic_write(path, lambda fh: fh.write(data))

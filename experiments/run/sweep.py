@@ -72,7 +72,7 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from .cli import first_point
+    from .lifecycle import first_point
     from .config import compose
 
     cfg = compose(config_name, *first_point(overrides), hydra=True)

@@ -12,7 +12,12 @@ What every task shares is here too: :func:`resolved` (a config as tasks read it)
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import os
+import urllib.request
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -20,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from gluon.methods import Method
+
+from ..run.runs import REPO, EnvironmentProblem, atomic_write, atomic_write_text
 
 
 class Built(NamedTuple):
@@ -83,3 +90,161 @@ def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
         raise ValueError(f"unknown heterogeneity {heterogeneity!r}; use 'iid' or 'label_skew'")
     size = n // n_workers
     return [perm[i * size:(i + 1) * size] for i in range(n_workers)]
+
+
+# ---------------------------------------------------------------- the data, known by content
+#
+# Finding (and where possible downloading) the datasets, and knowing them by content. File paths
+# live here, not in gluon/.
+#
+# Search order for a data directory: an explicit ``data_dir`` (config key), the environment
+# variable ``GLUON_DATA_DIR``, ``./data`` in the checkout, and a shared ``data`` folder beside
+# the checkout (``../shared/data``). Files keep their upstream layout below it:
+# ``libsvm/a5a`` and ``cifar10-jpeg/{train,test}.tar.gz`` (or ``cifar10-jpeg/{train,test}/``).
+# A ``data_dir`` or ``GLUON_DATA_DIR`` that names no folder is an error (a typo must not fall back
+# to another copy of the data, nor create a folder anywhere).
+#
+# A data file is known by its SHA-256 (:func:`sha256`), computed once and remembered under the
+# results folder's cache by (path, size, modification time), so a later start costs a ``stat``.
+# Where a ``SHA256SUMS`` file sits beside a data file and lists it, the file must match it
+# (:func:`verify`). Caches built from data (f*, the decoded CIFAR-10) are keyed by these hashes.
+
+LIBSVM_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/{name}"
+SUMS = "SHA256SUMS"
+_CHUNK = 1 << 20
+
+
+class DataError(EnvironmentProblem):
+    """The data cannot be used: missing, unreadable, or not the expected bytes."""
+
+
+class DataNotFoundError(DataError, FileNotFoundError):
+    pass
+
+
+class DataCorruptError(DataError, ValueError):
+    pass
+
+
+def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The data directories to search, in order. An explicit ``data_dir`` or
+    ``GLUON_DATA_DIR`` must be an existing folder (DataNotFoundError otherwise)."""
+    dirs = []
+    for given, name in ((data_dir, "data_dir"), (os.environ.get("GLUON_DATA_DIR"), "GLUON_DATA_DIR")):
+        if not given:
+            continue
+        d = Path(given).expanduser()
+        if not d.is_dir():
+            hint = ("unset it to search ./data and ../shared/data" if name == "GLUON_DATA_DIR"
+                    else "leave data_dir unset to search GLUON_DATA_DIR, ./data and ../shared/data")
+            raise DataNotFoundError(f"{name}={given}: no such folder\n  fix the path, or {hint}")
+        dirs.append(d)
+    dirs += [REPO / "data", REPO.parent / "shared" / "data"]
+    seen, out = set(), []
+    for d in dirs:
+        r = d.resolve()
+        if r not in seen:
+            seen.add(r)
+            out.append(d)
+    return out
+
+
+def find(relpath: str, data_dir=None) -> Path | None:
+    for d in candidate_dirs(data_dir):
+        if (d / relpath).exists():
+            return d / relpath
+    return None
+
+
+def locate_libsvm(name: str = "a5a", data_dir=None) -> tuple[Path | None, list[Path]]:
+    """(the file of LIBSVM dataset ``name`` or None, every place looked). Never downloads."""
+    rel = f"libsvm/{name}"
+    looked = [d / rel for d in candidate_dirs(data_dir)]
+    return next((p for p in looked if p.is_file()), None), looked
+
+
+def libsvm_file(name: str = "a5a", data_dir=None, download: bool = True) -> Path:
+    """Path of LIBSVM binary dataset ``name``; downloads it into the first candidate directory
+    when it is nowhere and the internet is reachable (nothing is written unless the download
+    succeeds); otherwise DataNotFoundError in two lines: where it looked, how to get it."""
+    hit, looked = locate_libsvm(name, data_dir)
+    if hit is not None:
+        return hit
+    url = LIBSVM_URL.format(name=name)
+    if download:
+        target = candidate_dirs(data_dir)[0] / f"libsvm/{name}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 (fixed https URL)
+                data = resp.read()
+            atomic_write(target, lambda fh: fh.write(data))
+            return target
+        except OSError as err:
+            reason = f"download from {url} failed ({err})"
+    else:
+        reason = "download disabled"
+    raise DataNotFoundError(
+        f"LIBSVM dataset {name!r} not found (looked in {', '.join(map(str, looked))}; {reason})"
+        f"\n  get it from {url} and put it at <dir>/libsvm/{name}, then pass data_dir=<dir> "
+        "or set GLUON_DATA_DIR=<dir>")
+
+
+# ---------------------------------------------------------------- content
+
+def sha256(path: str | Path, cache_dir: str | Path | None = None, remember: bool = True) -> str:
+    """SHA-256 of a file's bytes. With ``cache_dir`` it is remembered there by (path, size,
+    modification time) and read back while those are unchanged: hashed once per file.
+    ``remember=False`` reads a remembered hash but writes none (checks before a run starts
+    create nothing)."""
+    path = Path(path)
+    st = path.stat()
+    ident = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    memo = None
+    if cache_dir is not None:
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+        memo = Path(cache_dir) / "sha256" / f"{key}.json"
+        try:
+            known = json.loads(memo.read_text())
+            if {k: known.get(k) for k in ident} == ident:
+                return known["sha256"]
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if memo is not None and remember:
+        try:
+            atomic_write_text(memo, json.dumps({**ident, "sha256": digest}))
+        except OSError:            # only a speed-up: a read-only cache costs a re-hash
+            pass
+    return digest
+
+
+def expected_sha256(path: str | Path) -> str | None:
+    """The hash ``SHA256SUMS`` beside ``path`` lists for it, or None (no such file or entry)."""
+    path = Path(path)
+    try:
+        lines = (path.parent / SUMS).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[1].lstrip("*") == path.name:
+            return parts[0].lower()
+    return None
+
+
+def verify(path: str | Path, cache_dir: str | Path | None = None, fix: str = "",
+           remember: bool = True) -> str:
+    """The file's SHA-256 (:func:`sha256`), checked against ``SHA256SUMS`` beside it when that
+    lists the file; DataCorruptError (two lines: the file, the fix) when it differs."""
+    path = Path(path)
+    digest = sha256(path, cache_dir, remember)
+    want = expected_sha256(path)
+    if want is not None and want != digest:
+        raise DataCorruptError(
+            f"{path}: its SHA-256 {digest[:12]}... differs from {want[:12]}... in "
+            f"{path.parent / SUMS}: the file is damaged or another version\n  "
+            + (fix or "replace it with the listed file"))
+    return digest

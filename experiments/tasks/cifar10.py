@@ -13,12 +13,12 @@ file under ``<results_dir>/cache/`` so that a later run loads them in about a se
   release, so figures made from it must say "CIFAR-10 (JPEG export)".
 
 ``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
-disk, else tries the download; if all fail, :class:`~experiments.datasets.DataNotFoundError`
-lists every place it looked. Data directories are searched as in :mod:`experiments.datasets`.
+disk, else tries the download; if all fail, :class:`~experiments.tasks.DataNotFoundError`
+lists every place it looked. Data directories are searched as in :mod:`experiments.tasks`.
 
 The cache is keyed by the source's content: the SHA-256 of each source file (the tarballs, the
 official batch files; checked against ``SHA256SUMS`` beside them where there is one, and hashed
-once per file version, :func:`experiments.datasets.sha256`), or for an unpacked image folder the
+once per file version, :func:`experiments.tasks.sha256`), or for an unpacked image folder the
 names, sizes and modification times of its images. The cache records the row counts it decoded
 and is used only when they and the source's identity match, so a changed or truncated source is
 decoded again, never served from an older cache.
@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import datasets
-from ..run.atomic import atomic_write
-from ..datasets import DataNotFoundError
+from .. import tasks
+from ..run.runs import atomic_write
+from . import DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 JPEG_DIR = "cifar10-jpeg"
@@ -148,7 +148,7 @@ def read_jpeg_export(root: Path) -> dict:
 
 
 def _jpeg_export_dir(data_dir) -> Path | None:
-    hit = datasets.find(JPEG_DIR, data_dir)
+    hit = tasks.find(JPEG_DIR, data_dir)
     if hit is None:
         return None
     ok = all((hit / s).is_dir() or (hit / f"{s}.tar.gz").is_file() for s in ("train", "test"))
@@ -158,7 +158,7 @@ def _jpeg_export_dir(data_dir) -> Path | None:
 # ------------------------------------------------------------------ the official release
 
 def _official_root(data_dir) -> Path | None:
-    hit = datasets.find(OFFICIAL_DIR, data_dir)
+    hit = tasks.find(OFFICIAL_DIR, data_dir)
     return None if hit is None else hit.parent
 
 
@@ -200,13 +200,13 @@ def identity(source: str, where: Path, cache_dir=None, remember: bool = True) ->
     if source == "torchvision":
         for name in OFFICIAL_FILES:
             if (where / name).is_file():
-                out[name] = datasets.verify(where / name, cache_dir, fix, remember)
+                out[name] = tasks.verify(where / name, cache_dir, fix, remember)
         return out
     for split in ("train", "test"):
         if (where / split).is_dir():
             out[f"{split}/"] = _folder_identity(where / split)
         else:
-            out[f"{split}.tar.gz"] = datasets.verify(where / f"{split}.tar.gz", cache_dir, fix,
+            out[f"{split}.tar.gz"] = tasks.verify(where / f"{split}.tar.gz", cache_dir, fix,
                                                      remember)
     return out
 
@@ -223,7 +223,7 @@ def _from_splits(splits: dict, source: str, origin: str, sources: dict | None = 
 
 def _save(c: Cifar, path: Path) -> None:
     """Write the cache atomically: parallel runs on a fresh clone (``make fig2-cnn``, SLURM
-    arrays) all build it at once; each writes a private temporary file (experiments.run.atomic)."""
+    arrays) all build it at once; each writes a private temporary file (experiments.run.runs)."""
     payload = {"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
                "test_y": c.test_y, "classes": c.classes, "source": c.source,
                "origin": c.origin, "version": CACHE_VERSION, "sources": c.sources,
@@ -264,7 +264,7 @@ def _order(source: str) -> list[str]:
 
 def _not_found(data_dir, order: list[str], errors: list[str]) -> DataNotFoundError:
     looked = []
-    for d in datasets.candidate_dirs(data_dir):
+    for d in tasks.candidate_dirs(data_dir):
         if "torchvision" in order:
             looked.append(str(d / OFFICIAL_DIR))
         if "jpeg" in order:
@@ -292,7 +292,7 @@ def data_identity(data_dir, cache_dir, source: str = "auto") -> str | None:
 def check_data(cfg) -> None:
     """Before hydra makes a folder: the CIFAR-10 source a run of ``cfg`` would use is on disk
     and matches its SHA256SUMS, or may still be downloaded (``task.download``)."""
-    from ..datasets import REPO
+    from ..run.runs import REPO
     order = _order(cfg.task.source)
     for s in order:
         where = _on_disk(s, cfg.data_dir)
@@ -331,7 +331,7 @@ def load_cifar10(data_dir=None, cache_dir: str | Path | None = None, source: str
     # 2. the download
     errors = []
     if "torchvision" in order and download:
-        target = datasets.candidate_dirs(data_dir)[0]
+        target = tasks.candidate_dirs(data_dir)[0]
         made = [p for p in (target, target / URL.rsplit("/", 1)[1], target / OFFICIAL_DIR)
                 if not p.exists()]
         try:

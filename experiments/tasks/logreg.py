@@ -30,8 +30,9 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..datasets import LIBSVM_URL, REPO, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
-from ..run.atomic import atomic_write_text
+from ..run.runs import REPO
+from . import LIBSVM_URL, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
+from ..run.runs import atomic_write_text
 from ..run.runs import ConfigError
 from . import HETEROGENEITY, Built, resolved, settings, split
 
@@ -181,7 +182,7 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
     cached as JSON beside the results.
 
     The jobs of a sweep or SLURM array may all compute it at once on a fresh checkout: the file
-    is written atomically (a private temporary file, then a rename; experiments.run.atomic), so a
+    is written atomically (a private temporary file, then a rename; experiments.run.runs), so a
     reader never sees half of it. A cache that cannot be parsed (left truncated by an older
     version) is a miss: f* is recomputed and the file rewritten.
     """

@@ -39,7 +39,7 @@ class SkipFinishedSweeper(BasicSweeper):
         return results
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
-        from experiments.run.cli import (composition_message, fail, launcher_starts_workers,
+        from experiments.run.lifecycle import (composition_message, fail, launcher_starts_workers,
                                          refuse_other_run)
         from experiments.run.config import ConfigError, resolved, validate
         from experiments.run.runs import is_finished, read_summary
