@@ -27,13 +27,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from benchmarks import cnn_widths
 from experiments.tasks.cifar10 import Cifar
 from experiments.tasks.cnn import build
 from experiments.run.runs import atomic_write_text
-from experiments.run.config import validate
+from experiments.run.config import compose, validate
+from experiments.tasks import resolved
 
 
 class Clock:
@@ -71,8 +71,8 @@ PANEL = ["gluon", "alg1", "alg2", "ef21_muon"]
 # compressor and the hyperparameters each method takes besides lr and beta
 SETTINGS = {
     "gluon": ({"name": "identity"}, {}),
-    "alg1": ({"name": "randk", "density": 0.01}, {"q": True, "B": True, "scale_by_B": True}),
-    "alg2": ({"name": "topk", "density": 0.01}, {"q": True, "B": True, "scale_by_B": True}),
+    "alg1": ({"name": "randk", "density": 0.01}, {"q": True, "B": True}),
+    "alg2": ({"name": "topk", "density": 0.01}, {"q": True, "B": True}),
     "ef21_muon": ({"name": "topk", "density": 0.01}, {}),
     "alg3": ({"name": "randk", "density": 0.01}, {"q": True, "B": True}),
     "alg4": ({"name": "topk", "density": 0.01}, {"q": True, "B": True}),
@@ -82,18 +82,17 @@ SETTINGS = {
 
 def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_WIDTHS,
            amp_cpu: bool = False):
-    base = OmegaConf.load(REPO / "configs/cnn.yaml")
-    task = OmegaConf.load(REPO / "configs/task/cifar10.yaml")
+    """The config ``python -m experiments.cnn`` would run for ``method`` at these settings, with
+    small evaluation sets (the benchmark times steps, not evaluations)."""
     comp, takes = SETTINGS[method]
-    m = {"name": method, "lr": 0.05, "beta": 0.9}
-    m.update({k: v for k, v in {"q": q, "B": B, "scale_by_B": True}.items() if k in takes})
-    return OmegaConf.create({
-        "seed": 0, "steps": steps, "n_workers": 4, "batch_size": base.batch_size,
-        "log_every": steps, "eval_every": steps, "device": "cpu", "data_dir": None,
-        "results_dir": "results", "threads": threads,
-        "task": {**OmegaConf.to_container(task), "widths": list(widths), "eval_train": 64,
-                 "eval_test": 64, "source": "auto", "amp_cpu": amp_cpu},
-        "method": m, "compressor": dict(comp)})
+    overrides = [f"method={method}", f"compressor={comp['name']}", "method.lr=0.05",
+                 "method.beta=0.9", f"steps={steps}", f"log_every={steps}", f"eval_every={steps}",
+                 "device=cpu", f"threads={threads}", f"task.widths=[{','.join(map(str, widths))}]",
+                 "task.eval_train=64", "task.eval_test=64", "task.source=auto",
+                 f"task.amp_cpu={str(bool(amp_cpu)).lower()}"]
+    overrides += [f"compressor.{k}={v}" for k, v in comp.items() if k != "name"]
+    overrides += [f"method.{k}={v}" for k, v in (("q", q), ("B", B)) if k in takes]
+    return resolved(compose("cnn", *overrides))
 
 
 def random_data(n_train=4096, n_test=256, seed=0) -> Cifar:
