@@ -1,20 +1,23 @@
 """Runs on a real shaped network (infra/shaped_network.sh) against the cost model's predictions.
 
-    python -m benchmarks.shaped measure [--rates 100kbit 20mbit] [--out results/cost/shaped.csv]
+    python -m benchmarks.shaped measure [--task logreg|cnn] [--rates 100kbit 20mbit] [--out CSV]
     python -m benchmarks.shaped throughput [--bytes 2000000]   # goodput of worker 1 -> worker 0
     python -m benchmarks.shaped rank ...                       # one worker (started by the above)
 
 The network must be up (``infra/shaped_network.sh up``; root). ``measure`` runs, at each rate,
-Gluon and Alg. 1 on a5a at their Fig. 2 settings (configs/tuned/fig2_logreg/) with 2 gloo
-processes, one in each worker's namespace (the torch.distributed backend of ``comm=torchdist``:
-:class:`gluon.distributed.TorchDistComm`), until f - f* reaches the target (Gluon's final level
-in Fig. 2) or ``--max-steps``. Every step is timed on the wall clock (f - f* is evaluated every
+Gluon and Alg. 1 at their Fig. 2 settings (:data:`TASKS`: a5a from configs/tuned/fig2_logreg/,
+or the CNN's CPU profile from configs/tuned/fig2_cnn_cpu/) with 2 gloo processes, one in each
+worker's namespace (the torch.distributed backend of ``comm=torchdist``:
+:class:`gluon.distributed.TorchDistComm`), until the task's metric (a5a: f - f*; CNN: the
+training loss on its 512 fixed images) reaches the target (Gluon's final level in Fig. 2) or
+``--max-steps``. Every step is timed on the wall clock (f - f* is evaluated every
 ``--eval-every`` steps outside the timed steps, both ranks, then a barrier). Before the runs it
 measures the network's two parameters at each rate with a 1-byte ping-pong between the two
 namespaces (a hop's time is latency + frame/rate: two rates give both). The model
 (paper/cost.py, ring topology, docs/cost.md) then predicts each run's time per step and time to
 the target from the run's own cost columns (grads, up/down bytes, hops), the compute time per
-gradient of ``make bench`` (results/bench/logreg.md) and those two network parameters.
+gradient of ``make bench`` / ``make bench-cnn`` (results/bench/) and those two network
+parameters.
 """
 from __future__ import annotations
 
@@ -27,11 +30,27 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 NET_SH = REPO / "infra" / "shaped_network.sh"
 METHODS = ("gluon", "alg1")
-TARGET = 4.43e-3        # Gluon's final level in Fig. 2 (a5a, f - f*; README, reduction.csv)
+
+
+class Task(NamedTuple):
+    primary: str            # configs/<primary>.yaml: the entry point's config
+    overrides: tuple        # what makes it Fig. 2's panel (with tuned=<tuned>/<method>)
+    tuned: str
+    metric: str             # the row key the target is on
+    target: float           # Gluon's final level in Fig. 2 (results/fig2/reduction.csv)
+    out: str                # the measured table
+
+
+TASKS = {
+    "logreg": Task("logreg", (), "fig2_logreg", "gap", 4.43e-3, "results/cost/shaped.csv"),
+    "cnn": Task("cnn", ("profile=cpu", "device=cpu"), "fig2_cnn_cpu", "loss", 1.208,
+                "results/cost/shaped_cnn.csv"),
+}
 WORKERS = 2
 SETTLE = 1.0            # s: for the frames still queued in HTB to leave before counters are read
 
@@ -62,16 +81,25 @@ def _join():
     return dist
 
 
+def config(task: str, method: str, seed: int = 0, steps: int | None = None, comm: str = "sim"):
+    """The config of ``method`` in Fig. 2's panel of ``task``, on :data:`WORKERS` workers."""
+    from experiments.run.config import compose
+    spec = TASKS[task]
+    return compose(spec.primary, *spec.overrides, f"tuned={spec.tuned}/{method}", f"seed={seed}",
+                   f"n_workers={WORKERS}", f"comm={comm}",
+                   *([f"steps={steps}"] if steps is not None else []))
+
+
 def rank_main(args) -> None:
-    """One rank of a run: build a5a as the entry point does, step with wall-clock timing."""
+    """One rank of a run: build the task as the entry point does, step with wall-clock timing."""
     import torch
-    from experiments.run.config import build_compressor, compose
+    from experiments.run.config import build_compressor
+    from experiments.tasks import task_module
     from gluon.distributed import open_world
-    from experiments.tasks import logreg as task
 
     rank = int(os.environ["RANK"])
-    cfg = compose("logreg", f"tuned=fig2_logreg/{args.method}", f"seed={args.seed}",
-                  f"n_workers={WORKERS}", "comm=torchdist", f"steps={args.max_steps}")
+    cfg = config(args.task, args.method, args.seed, args.max_steps, comm="torchdist")
+    task = task_module(cfg.task.name)
     world = open_world("torchdist")
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -80,11 +108,12 @@ def rank_main(args) -> None:
     led = m.comm.ledger
     wall, cpu, rows = [], [], []
     hit = None
+    metric = TASKS[args.task].metric
 
     def row():
         return {"step": m.k, "grads": sum(w.grads for w in m.workers), "bytes": led.bytes,
                 **led.totals(), "compute_s": m.compute_s, "time_s": sum(wall),
-                "gap": built.evaluate(m)["gap"]}
+                metric: built.evaluate(m)[metric]}
 
     dist.barrier()
     c0 = counters(rank)
@@ -96,7 +125,7 @@ def rank_main(args) -> None:
         if m.k % args.eval_every == 0:
             c1 = counters(rank)            # untimed from here: evaluation and a barrier
             rows.append({**row(), **{f"wire_{k}": c1[k] - c0[k] for k in c0}})
-            if hit is None and rows[-1]["gap"] <= args.target:
+            if hit is None and rows[-1][metric] <= args.target:
                 hit = len(rows) - 1
             stop = torch.tensor([int(hit is not None)])
             dist.all_reduce(stop)          # both ranks stop at the same step
@@ -106,7 +135,8 @@ def rank_main(args) -> None:
             c0 = {k: c0[k] + counters(rank)[k] - c1[k] for k in c0}   # leave the barrier out
     if rank == 0:
         Path(args.out).write_text(json.dumps({
-            "method": args.method, "seed": args.seed, "target": args.target, "hit": hit,
+            "task": args.task, "method": args.method, "seed": args.seed, "metric": metric,
+            "target": args.target, "hit": hit,
             "rows": rows, "wall_s": wall, "cpu_s": cpu, "config": {
                 "method": dict(cfg.method), "compressor": dict(cfg.compressor),
                 "n_workers": WORKERS, "batch_size": cfg.batch_size}}, default=str))
@@ -195,10 +225,10 @@ def calibrate(n: int, big: bool) -> dict:
 
 
 def run(method: str, seed: int, max_steps: int, eval_every: int, target: float,
-        min_steps: int = 0) -> dict:
+        min_steps: int = 0, task: str = "logreg") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        launch(["rank", "--method", method, "--seed", str(seed), "--max-steps", str(max_steps),
+        launch(["rank", "--task", task, "--method", method, "--seed", str(seed), "--max-steps", str(max_steps),
                 "--eval-every", str(eval_every), "--target", str(target), "--min-steps",
                 str(min_steps), "--out", str(out)], timeout=3600)
         return json.loads(out.read_text())
@@ -234,19 +264,23 @@ def rate_bps(rate: str) -> float:
     return float(rate)
 
 
-def prepare() -> None:
-    """f* of the 2-worker a5a problem, once, before the ranks start (they then read the cache)."""
-    from experiments.run.config import compose
-    from experiments.tasks import logreg as task
-    from gluon import make_compressor
-    task.build(compose("logreg", f"n_workers={WORKERS}"), make_compressor("identity"))
+def prepare(task: str) -> None:
+    """What the ranks would otherwise both build at once, built once before they start (they
+    then read the cache): a5a's f* of the 2-worker problem, the CNN's decoded CIFAR-10."""
+    from experiments.run.config import build_compressor
+    from experiments.tasks import task_module
+    cfg = config(task, "gluon", steps=0)
+    task_module(cfg.task.name).build(cfg, build_compressor(cfg.compressor))
 
 
 def measure(args) -> None:
     """Calibrate the network at the lowest and highest rate, then run both methods at every
     rate; write the table beside the model's predictions and the network's parameters."""
     from paper import cost
-    prepare()
+    spec = TASKS[args.task]
+    target = spec.target if args.target is None else args.target
+    out = Path(args.out or spec.out)
+    prepare(args.task)
     low, high = min(args.rates, key=rate_bps), max(args.rates, key=rate_bps)
     cal = {}
     for rate, big in ((low, False), (high, True)):
@@ -260,55 +294,60 @@ def measure(args) -> None:
                    calibration=cal)
     print(f"network: {json.dumps({k: v for k, v in network.items() if k != 'calibration'})}",
           flush=True)
-    compute = cost.bench_compute("a5a")
+    compute = cost.bench_compute(cost.TASK_NAMES[args.task])
     out_rows = []
     for rate in args.rates:
         sh("rate", rate)
         goodput = throughput(args.tput_bytes)
         for method in METHODS:
             t0 = time.time()
-            res = run(method, args.seed, args.max_steps, args.eval_every, args.target)
+            res = run(method, args.seed, args.max_steps, args.eval_every, target,
+                      task=args.task)
             pred = cost.predict_run(res, rate_bps(rate), network, compute)
             row = {"rate": rate, "rate_bps": rate_bps(rate), "goodput_bps": round(goodput),
                    "method": method, "seed": args.seed, **pred, "run_s": round(time.time() - t0)}
             out_rows.append(row)
             print(json.dumps(row), flush=True)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
+    what = {"logreg": "a5a", "cnn": "CIFAR-10 airbench94, CPU profile"}[args.task]
+    metric = {"gap": "f - f*", "loss": "training loss (512 fixed images)"}[spec.metric]
     with open(out, "w", newline="") as fh:
-        fh.write(f"# a5a, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
-                 f"seed {args.seed}; target f - f* <= {args.target:g} (evaluated every "
+        fh.write(f"# {what}, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
+                 f"seed {args.seed}; target {metric} <= {target:g} (evaluated every "
                  f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
                  f"{load[1]:.1f}/{load[2]:.1f} after the runs; python -m benchmarks.shaped measure\n")
         w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
         w.writeheader()
         w.writerows(out_rows)
-    (out.parent / "network.json").write_text(json.dumps(network, indent=2) + "\n")
-    print(f"wrote {out} and {out.parent / 'network.json'}")
+    net_out = out.parent / ("network.json" if args.task == "logreg" else f"{out.stem}_network.json")
+    net_out.write_text(json.dumps(network, indent=2) + "\n")
+    print(f"wrote {out} and {net_out}")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
+    m.add_argument("--task", choices=sorted(TASKS), default="logreg")
     m.add_argument("--rates", nargs="+", default=["100kbit", "20mbit"])
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--max-steps", type=int, default=6000)
     m.add_argument("--eval-every", type=int, default=10)
-    m.add_argument("--target", type=float, default=TARGET)
+    m.add_argument("--target", type=float, default=None, help="default: the task's (TASKS)")
     m.add_argument("--loops", type=int, default=200)
     m.add_argument("--tput-bytes", type=int, default=1_000_000)
-    m.add_argument("--out", default="results/cost/shaped.csv")
+    m.add_argument("--out", default=None, help="default: the task's (TASKS)")
     t = sub.add_parser("throughput")
     t.add_argument("--bytes", type=int, default=2_000_000)
     r = sub.add_parser("rank")
+    r.add_argument("--task", choices=sorted(TASKS), default="logreg")
     r.add_argument("--method", required=True)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--max-steps", type=int, default=6000)
     r.add_argument("--min-steps", type=int, default=0)
     r.add_argument("--eval-every", type=int, default=10)
-    r.add_argument("--target", type=float, default=TARGET)
+    r.add_argument("--target", type=float, required=True)
     r.add_argument("--out", required=True)
     c = sub.add_parser("calibrate")
     c.add_argument("--n", type=int, default=200)

@@ -80,7 +80,7 @@ def test_a_short_run_takes_the_modelled_time(network, monkeypatch):
         pytest.skip("results/cost/network.json: run python -m benchmarks.shaped measure first")
     monkeypatch.setenv("SHAPED_NAME", "gflt")
     monkeypatch.setenv("SHAPED_NET", "10.207.34")
-    shaped.prepare()
+    shaped.prepare("logreg")
     net("rate", "500kbit")
     res = shaped.run("gluon", 0, 60, 20, 1e-12)
     pred = cost.predict_run(res, 5e5, cost.measured_network(parameters),
