@@ -15,6 +15,13 @@ PROJECT = ("experiments", "hydra_plugins", "analysis", "paper", "benchmarks")   
 TRACE = r"""
 import json, runpy, sys
 from pathlib import Path
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+composed = []
+load = ConfigLoaderImpl.load_configuration
+def counted(self, *a, **k):
+    composed.append(1)
+    return load(self, *a, **k)
+ConfigLoaderImpl.load_configuration = counted
 repo = Path.cwd().resolve()
 sys.argv = ["experiments.logreg", "method=gluon", "steps=2", "wandb.mode=disabled",
             "hydra.run.dir=" + sys.argv[1]]
@@ -30,7 +37,7 @@ for m in list(sys.modules.values()):
         if p.name == "__init__.py" and not p.read_text().strip():
             continue
         files.add(str(p.relative_to(repo)))
-print(json.dumps(sorted(files)))
+print(json.dumps({"files": sorted(files), "compositions": len(composed)}))
 """
 
 
@@ -45,13 +52,15 @@ def test_the_documented_run_path_is_what_a_run_loads(tmp_path):
     out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path / "run")], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    loaded = {f for f in json.loads(out.stdout.strip().splitlines()[-1])
-              if f.split("/")[0] in PROJECT}
+    trace = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = {f for f in trace["files"] if f.split("/")[0] in PROJECT}
     listed = documented_path()
     assert len(listed) == len(set(listed)), "a file listed twice"
     assert set(listed) == loaded, (f"loaded but not documented: {sorted(loaded - set(listed))}; "
                                    f"documented but not loaded: {sorted(set(listed) - loaded)}")
     assert (tmp_path / "run" / "summary.json").exists()
+    # the check before hydra writes anything composes once; hydra.main twice (mode, then run)
+    assert trace["compositions"] == 3, trace["compositions"]
 
 
 def test_the_library_imports_nothing_above_it():
