@@ -24,7 +24,6 @@ import os
 import platform
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
@@ -65,7 +64,6 @@ class Clock:
         self.cpu.clear()
 
 
-REPO = Path(__file__).resolve().parents[1]
 CPU_WIDTHS = cnn_widths("cpu")
 PANEL = ["gluon", "alg1", "alg2", "ef21_muon"]
 # compressor and the hyperparameters each method takes besides lr and beta
