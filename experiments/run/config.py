@@ -162,15 +162,19 @@ def register() -> None:
 register()
 
 
-def compose(primary: str = "logreg", *overrides: str, hydra: bool = False) -> DictConfig:
+def compose(primary: str = "logreg", *overrides: str, hydra: bool = False,
+            config_dir: str | Path | None = None) -> DictConfig:
     """The config ``python -m experiments.<primary> <overrides>`` would run, composed without
     running anything (with the ``hydra`` node, its folders included, when ``hydra`` is set).
     The one way the project composes a config outside hydra's own entry point: the command
-    line's checks, the sbatch preview, the benchmarks and the tests."""
+    line's checks, the sbatch preview, the benchmarks and the tests. ``config_dir``: the folder
+    of the primary config when it is not the project's ``configs/`` (an entry point of your
+    own; the project's groups stay on the search path, ``hydra_plugins.gluon_sweeper``)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from .runs import REPO
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3",
+    folder = Path(config_dir) if config_dir is not None else REPO / "configs"
+    with initialize_config_dir(config_dir=str(folder.resolve()), version_base="1.3",
                                job_name=primary):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
 

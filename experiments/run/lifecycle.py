@@ -99,15 +99,16 @@ READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 # -------------------------------- 1. the command line: every check before hydra writes
 
 def command_line(hydra_main: Callable, config_name: str, task,
-                 argv: list[str] | None = None) -> None:
-    """Check every job, then run ``hydra_main`` (the entry point's ``@hydra.main`` function)."""
+                 argv: list[str] | None = None, config_dir: str | Path | None = None) -> None:
+    """Check every job, then run ``hydra_main`` (the entry point's ``@hydra.main`` function).
+    ``config_dir``: the folder of ``config_name`` when it is not the project's ``configs/``."""
     from hydra._internal.utils import get_args_parser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _ = get_args_parser().parse_known_args(argv)
     if not any(getattr(args, f, None) for f in INFO_FLAGS):
         try:
-            check_run(config_name, list(args.overrides), bool(args.multirun), task)
+            check_run(config_name, list(args.overrides), bool(args.multirun), task, config_dir)
         except (ConfigError, EnvironmentProblem) as err:
             fail(str(err))
         if os.environ.get("RANK", "0") != "0":   # rank > 0 of a multi-process run: no writing
@@ -116,13 +117,14 @@ def command_line(hydra_main: Callable, config_name: str, task,
     hydra_main()
 
 
-def check_run(config_name: str, overrides: list[str], multirun: bool, task) -> None:
+def check_run(config_name: str, overrides: list[str], multirun: bool, task,
+              config_dir: str | Path | None = None) -> None:
     """Compose and validate the command's config (a sweep's first job; the sweeper,
     ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad."""
     from .config import compose
     try:
         cfg = compose(config_name, *(first_point(overrides) if multirun else overrides),
-                      hydra=True)
+                      hydra=True, config_dir=config_dir)
     except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
         raise ConfigError(composition_message(err)) from None
     validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))

@@ -1,7 +1,10 @@
-"""The sweeper of every entry point: hydra's basic sweeper, launching only unfinished runs.
+"""The project's two hydra plugins: the sweeper of every entry point (hydra's basic sweeper,
+launching only unfinished runs) and the project's config folder on every hydra app's search path.
 
-Hydra finds sweepers in the ``hydra_plugins`` namespace; ``configs/hydra/default.yaml`` selects
-this one (``hydra.sweeper._target_``).
+Hydra finds plugins in the ``hydra_plugins`` namespace; ``configs/hydra/default.yaml`` selects
+the sweeper (``hydra.sweeper._target_``); the search path plugin applies to every app, so an
+entry point of your own (a task of your own, docs/architecture.md) with its own config folder
+reuses the project's groups (``hydra: default``, ``method/``, ``compressor/``, ``launcher/``...).
 """
 from __future__ import annotations
 
@@ -9,7 +12,23 @@ import time
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+class ProjectConfigs(SearchPathPlugin):
+    """``configs/`` of this checkout, last on the search path of any hydra app that does not
+    have it already: the project's config groups for entry points outside the project."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        def folder(entry) -> Path | None:
+            return Path(entry.path).resolve() if entry.provider != "hydra" and \
+                "://" not in entry.path else None
+        if CONFIGS not in {folder(e) for e in search_path.get_path()}:
+            search_path.append(provider="gluon-fl", path=f"file://{CONFIGS}")
 
 
 class SkipFinishedSweeper(BasicSweeper):
