@@ -1,6 +1,6 @@
 """docs/architecture.md's "How to add a task", done by a test: a task of one's own in one module
 outside the project (the task, its registry entry, its typed settings and its entry point) and
-two config files in the module's own config folder (the project's config groups are on every
+one config file in the module's own config folder (the project's config groups are on every
 hydra app's search path). It runs through the command line, a
 sweep, the sweep's table and Fig. 2's aggregation and figure."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ from gluon.worker import Oracle
 
 
 @dataclass
-class LsqTask:                 # the task's keys, typed; their values are in configs/task/lsq.yaml
+class LsqTask:                 # the task's keys, typed; their values are in configs/lsq.yaml
     name: str = MISSING
     rows: int = MISSING
     dim: int = MISSING
@@ -114,18 +114,11 @@ def main(cfg):
 if __name__ == "__main__":
     command_line(main, "lsq", sys.modules[__name__], config_dir=Path(__file__).parent / "configs")
 '''
-# The two config files, beside the module: the task's settings (configs/task/lsq.yaml) and the
-# entry point's primary config (configs/lsq.yaml), as configs/logreg.yaml is for a5a.
-TASK_CONFIG = """name: lsq
-rows: 512     # examples
-dim: 20       # features
-noise: 0.1    # standard deviation of the labels' noise
-data_seed: 0  # the data and the shards
-"""
+# The config file, beside the module: the entry point's primary config (configs/lsq.yaml), the
+# task's settings included, as configs/logreg.yaml and configs/task/a5a.yaml are for a5a.
 PRIMARY_CONFIG = """defaults:
   - lsq_schema
   - hydra: default
-  - task: lsq
   - _self_
   - compressor: identity
   - method: gluon
@@ -137,6 +130,12 @@ steps: 300          # iterations
 batch_size: 16      # examples per minibatch per worker
 log_every: 20       # steps between logged rows
 checkpoint_every: 0
+task:
+  name: lsq
+  rows: 512         # examples
+  dim: 20           # features
+  noise: 0.1        # standard deviation of the labels' noise
+  data_seed: 0      # the data and the shards
 method:
   lr: 0.02          # radius of the LMO step
   beta: 0.9         # momentum decay
@@ -153,8 +152,7 @@ def run(cmd, env, cwd=REPO, timeout=300):
 def test_a_registered_task_runs_through_the_cli_a_sweep_the_table_and_a_figure(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "lsq.py").write_text(TASK_MODULE)
-    (tmp_path / "pkg" / "configs" / "task").mkdir(parents=True)
-    (tmp_path / "pkg" / "configs" / "task" / "lsq.yaml").write_text(TASK_CONFIG)
+    (tmp_path / "pkg" / "configs").mkdir()
     (tmp_path / "pkg" / "configs" / "lsq.yaml").write_text(PRIMARY_CONFIG)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkg"), str(REPO)]),
            "WANDB_MODE": "disabled"}
