@@ -617,7 +617,9 @@ def readme_table(task: str = "a5a", path: Path | None = None) -> str:
     lines = ["| method | star (a server), payload only | ring, payload only | star, with the "
              "measured framing | ring, with the measured framing |", "|---|---|---|---|---|"]
     for m, name in README_METHODS.items():
-        lines.append(f"| {name} | " + " | ".join(_cell(get[(t, mo, m)]) for t, mo in cols) + " |")
+        if all((t, mo, m) in get for t, mo in cols):        # the methods of the task's panel
+            lines.append(f"| {name} | " + " | ".join(_cell(get[(t, mo, m)]) for t, mo in cols)
+                         + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -629,7 +631,8 @@ def main(argv=None) -> None:
                     help="compute time: make bench's per-gradient time, or the rows' compute_s")
     args = ap.parse_args(argv)
     if args.cmd == "readme":
-        print(readme_table(), end="")
+        for task in args.task:
+            print(f"{TASK_NAMES[task]}:\n{readme_table(TASK_NAMES[task])}")
         return
     if args.cmd in ("table", "all"):
         table(args.task, args.compute)
