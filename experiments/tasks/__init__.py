@@ -8,7 +8,9 @@ offers the run lifecycle (:mod:`experiments.run.lifecycle`) two functions:
 
 :data:`TASKS` registers them by ``task.name``, the name every config, record and figure uses.
 What every task shares is here too: :func:`resolved` (a config as tasks read it),
-:func:`settings` (a method's or compressor's settings) and :func:`split` (worker shards).
+:func:`settings` (a method's or compressor's settings), :func:`split` (worker shards) and the
+data: where it is found (:func:`candidate_dirs`, :func:`libsvm_file`) and its identity by
+content (:func:`sha256`, checked against ``SHA256SUMS`` by :func:`verify`).
 """
 from __future__ import annotations
 
