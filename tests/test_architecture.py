@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from experiments import tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,3 +79,23 @@ def test_tasks_import_nothing_from_the_run_config():
                          f.read_text(), flags=re.M)
         bad = [b for b in bad if "config" in b]
         assert not bad, f"{f.name}: {bad}"
+
+
+METHOD_YAMLS = sorted(p.stem for p in (REPO / "configs" / "method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", METHOD_YAMLS)
+def test_a_methods_per_name_defaults_live_in_the_registry_alone(name):
+    """configs/method/<name>.yaml writes no value that gluon/methods.py's METHODS holds as the
+    method's default (scale_by_B): it refers to it, and the composed config carries that value,
+    as the runs recorded before the reference existed did (their identities are unchanged)."""
+    from experiments.run.config import compose
+    from experiments.tasks import resolved
+    from gluon.methods import METHODS
+    text = (REPO / "configs" / "method" / f"{name}.yaml").read_text()
+    method = resolved(compose("logreg", f"method={name}")).method
+    for key, value in METHODS[name].defaults.items():
+        assert not re.search(rf"^\s*{key}:\s*(true|false|[0-9.]+)\s*$", text, flags=re.M), key
+        if f"{key}:" in text:
+            assert f"{key}: ${{gluon_default:{key}}}" in text
+            assert method[key] == value

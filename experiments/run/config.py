@@ -196,6 +196,14 @@ def run_folder(*, _root_) -> str:
     return folder_name(OmegaConf.to_container(cfg), data)
 
 
+def method_default(key: str, *, _parent_) -> Any:
+    """The ``gluon_default`` resolver: the default of ``key`` in the METHODS registry's record
+    of the method the node names (``configs/method/*.yaml``: ``scale_by_B:
+    ${gluon_default:scale_by_B}``), so that a per-method default has one home, the registry."""
+    from gluon.methods import method_spec
+    return method_spec(str(_parent_.name)).defaults.get(key)
+
+
 def tasks_per_node(comm, n_workers) -> int:
     """SLURM tasks of a run: one per worker with ``comm=torchdist``, else one."""
     return int(n_workers) if str(getattr(comm, "value", comm)) == "torchdist" else 1
@@ -204,6 +212,7 @@ def tasks_per_node(comm, n_workers) -> int:
 if not OmegaConf.has_resolver("gluon_run_folder"):
     OmegaConf.register_new_resolver("gluon_run_folder", run_folder)
     OmegaConf.register_new_resolver("gluon_tasks_per_node", tasks_per_node)
+    OmegaConf.register_new_resolver("gluon_default", method_default)
     # a sweep's folder: results/sweeps/<group>, or results/sweeps/adhoc without a group
     OmegaConf.register_new_resolver("gluon_sweep_name", lambda group: group or "adhoc")
 
