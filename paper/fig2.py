@@ -136,10 +136,18 @@ def final_table(by_method: dict, metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _paper_widths() -> list[int]:
+    """airbench94's widths, the paper's network: configs/task/cifar10.yaml's."""
+    from omegaconf import OmegaConf
+
+    from experiments.run.runs import REPO
+    return list(OmegaConf.load(REPO / "configs" / "task" / "cifar10.yaml").widths)
+
+
 def _title(spec: dict, settings: dict) -> str:
     info = next(iter(settings.values()), {})
     widths = info.get("widths")
-    w = "" if not widths or list(widths) == [64, 256, 256] else \
+    w = "" if not widths or list(widths) == _paper_widths() else \
         f" at widths {'/'.join(map(str, widths))} (CPU profile)"
     return spec["title"].format(widths=w, data=info.get("data") or "CIFAR-10")
 
