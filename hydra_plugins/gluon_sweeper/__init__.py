@@ -25,8 +25,12 @@ class ProjectConfigs(SearchPathPlugin):
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         def folder(entry) -> Path | None:
-            return Path(entry.path).resolve() if entry.provider != "hydra" and \
-                "://" not in entry.path else None
+            path = entry.path or ""
+            if path.startswith("file://"):
+                path = path[len("file://"):]
+            elif "://" in path:                      # pkg://, structured://: not a folder
+                return None
+            return Path(path).resolve()
         if CONFIGS not in {folder(e) for e in search_path.get_path()}:
             search_path.append(provider="gluon-fl", path=f"file://{CONFIGS}")
 
