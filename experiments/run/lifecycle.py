@@ -76,15 +76,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gluon import train
-from gluon.distributed import World
+from gluon.distributed import World, close_world, open_world
 
 from . import runs
 from .config import ConfigError, resolved, validate
 from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard,
                      checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
                      set_rng_state)
-from .runs import LOCK, EnvironmentProblem, RunLock, is_locked, read_summary  # noqa: F401
-from .runs import REPO
+from .runs import LOCK, REPO, EnvironmentProblem, RunLock, is_locked, read_summary  # noqa: F401
 from .runs import identity as comparable
 from ..tasks import Built
 
@@ -136,8 +135,6 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
     write access where the run (or sweep) folder and the caches go, and the task's data
     (``task.check_data(cfg)``, where the task has one; in a sweep the sweeper checks every job's
     once every job's config is known to be good). EnvironmentProblem if not."""
-    from omegaconf import OmegaConf
-
     if multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher") \
             and shutil.which("srun") is None:
         raise EnvironmentProblem(
@@ -159,8 +156,6 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
 def refuse_other_run(run_dir: Path, cfg, task) -> None:
     """EnvironmentProblem when ``run_dir`` holds another run than ``cfg``'s (never replaced
     unless ``overwrite``), before hydra writes anything into it."""
-    from omegaconf import OmegaConf
-
     if not (run_dir / "summary.json").exists() and not (run_dir / "checkpoint.pt").exists():
         return
     cfg = resolved(cfg)
@@ -184,7 +179,6 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from gluon.distributed import close_world, open_world
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
