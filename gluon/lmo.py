@@ -71,9 +71,10 @@ class RMS(LMO):
 # Muon's quintic Newton-Schulz coefficients: they push all singular values into about
 # [0.68, 1.13] in 5 steps instead of converging to exactly 1 (faster, good enough).
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5   # Muon's number of steps: the default wherever a spectral LMO is built
 
 
-def newton_schulz(m: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+def newton_schulz(m: Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> Tensor:
     """Approximate the polar factor U V^T of a 2-D matrix m = U S V^T.
 
     Muon's iteration X <- a X + (b A + c A^2) X with A = X X^T. Every iterate is Q X_0 for a
@@ -118,7 +119,7 @@ class Spectral(LMO):
     """
     name = "spectral"
 
-    def __init__(self, ns_steps: int = 5, scale: bool = True):
+    def __init__(self, ns_steps: int = NS_STEPS, scale: bool = True):
         self.ns_steps = ns_steps
         self.scale = scale
 
@@ -159,10 +160,14 @@ class Block:
 # and the BatchNorm biases, 16 times that radius for the Sign head.
 SCION_HEAD_SCALE = 16.0
 
+# The LMO settings a task's config may leave to the library (configs/task/cifar10.yaml refers to
+# them with ${gluon_lmo_default:<key>}), so that each has one home, here.
+LMO_DEFAULTS = {"ns_steps": NS_STEPS, "head_scale": SCION_HEAD_SCALE}
+
 
 def assign_lmos(named_shapes: Sequence[tuple[str, torch.Size]],
                 rules: Sequence[tuple[str, str, float]] | None = None,
-                default: str = "scion", ns_steps: int = 5,
+                default: str = "scion", ns_steps: int = NS_STEPS,
                 head_scale: float = SCION_HEAD_SCALE) -> list[Block]:
     """Give every parameter a block (LMO + radius scale).
 

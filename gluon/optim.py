@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from .comm import Comm, InProcessComm
 from .compressors import Compressor, Identity
-from .lmo import LMOS, SCION_HEAD_SCALE, Block, assign_lmos
+from .lmo import LMOS, NS_STEPS, SCION_HEAD_SCALE, Block, assign_lmos
 from .methods import LMOUpdate, Method, check_hparams, make_method
 from .worker import Oracle, Worker
 
@@ -255,7 +255,7 @@ class GluonOptimizer(torch.optim.Optimizer):
     def __init__(self, params, *, lr: float, beta: float = 0.9,
                  compressor: Compressor | None = None, seed: int = 0,
                  lmo_rules: Sequence[tuple[str, str, float]] | None = None,
-                 lmo_default: str = "scion", ns_steps: int = 5,
+                 lmo_default: str = "scion", ns_steps: int = NS_STEPS,
                  head_scale: float = SCION_HEAD_SCALE, comm: Comm | None = None,
                  dense_collective: str = "all_reduce", **settings):
         if isinstance(params, nn.Module):

@@ -99,3 +99,17 @@ def test_a_methods_per_name_defaults_live_in_the_registry_alone(name):
         if f"{key}:" in text:
             assert f"{key}: ${{gluon_default:{key}}}" in text
             assert method[key] == value
+
+
+def test_the_lmo_defaults_live_in_the_library_alone():
+    """configs/task/cifar10.yaml writes no literal for an LMO setting whose default
+    gluon.lmo holds (ns_steps, head_scale): it refers to it, and the composed config carries the
+    library's value with its type, as the runs recorded before the reference did."""
+    from experiments.run.config import compose
+    from experiments.tasks import resolved
+    from gluon.lmo import LMO_DEFAULTS
+    text = (REPO / "configs" / "task" / "cifar10.yaml").read_text()
+    task = resolved(compose("cnn")).task
+    for key, value in LMO_DEFAULTS.items():
+        assert re.search(rf"^{key}: \$\{{gluon_lmo_default:{key}\}}", text, flags=re.M), key
+        assert task[key] == value and type(task[key]) is type(value), key

@@ -204,6 +204,13 @@ def method_default(key: str, *, _parent_) -> Any:
     return method_spec(str(_parent_.name)).defaults.get(key)
 
 
+def lmo_default(key: str) -> Any:
+    """The ``gluon_lmo_default`` resolver: the library's default of an LMO setting
+    (:data:`gluon.lmo.LMO_DEFAULTS`: ``ns_steps``, ``head_scale``), so that it has one home."""
+    from gluon.lmo import LMO_DEFAULTS
+    return LMO_DEFAULTS[key]
+
+
 def tasks_per_node(comm, n_workers) -> int:
     """SLURM tasks of a run: one per worker with ``comm=torchdist``, else one."""
     return int(n_workers) if str(getattr(comm, "value", comm)) == "torchdist" else 1
@@ -213,6 +220,7 @@ if not OmegaConf.has_resolver("gluon_run_folder"):
     OmegaConf.register_new_resolver("gluon_run_folder", run_folder)
     OmegaConf.register_new_resolver("gluon_tasks_per_node", tasks_per_node)
     OmegaConf.register_new_resolver("gluon_default", method_default)
+    OmegaConf.register_new_resolver("gluon_lmo_default", lmo_default)
     # a sweep's folder: results/sweeps/<group>, or results/sweeps/adhoc without a group
     OmegaConf.register_new_resolver("gluon_sweep_name", lambda group: group or "adhoc")
 
