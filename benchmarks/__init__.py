@@ -8,9 +8,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cnn_widths(profile: str) -> list[int]:
-    """The CNN's channel widths where the configs set them: ``paper`` (configs/task/cifar10.yaml)
+    """The CNN's channel widths where the configs set them: ``paper`` (configs/task/cnn.yaml)
     or ``cpu`` (configs/profile/cpu.yaml)."""
     from omegaconf import OmegaConf
-    path = {"paper": "task/cifar10.yaml", "cpu": "profile/cpu.yaml"}[profile]
+    path = {"paper": "task/cnn.yaml", "cpu": "profile/cpu.yaml"}[profile]
     cfg = OmegaConf.load(REPO / "configs" / path)
     return list(cfg.widths if profile == "paper" else cfg.task.widths)

@@ -294,7 +294,7 @@ def measure(args) -> None:
                    calibration=cal)
     print(f"network: {json.dumps({k: v for k, v in network.items() if k != 'calibration'})}",
           flush=True)
-    compute = cost.bench_compute(cost.TASK_NAMES[args.task])
+    compute = cost.bench_compute(cost.PANEL_NAMES[args.task])
     out_rows = []
     for rate in args.rates:
         sh("rate", rate)

@@ -160,7 +160,7 @@ class Block:
 # and the BatchNorm biases, 16 times that radius for the Sign head.
 SCION_HEAD_SCALE = 16.0
 
-# The LMO settings a task's config may leave to the library (configs/task/cifar10.yaml refers to
+# The LMO settings a task's config may leave to the library (configs/task/cnn.yaml refers to
 # them with ${gluon_lmo_default:<key>}), so that each has one home, here.
 LMO_DEFAULTS = {"ns_steps": NS_STEPS, "head_scale": SCION_HEAD_SCALE}
 

@@ -50,7 +50,7 @@ COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", 
 TOPOLOGIES = ("star", "ring")
 BANDWIDTHS = (10e6, 1e9, 100e9)                 # bit/s: the three of panel (b)
 SWEEP = np.logspace(6, 11, 201)                 # bit/s: 1 Mbit/s to 100 Gbit/s, panel (c)
-TASK_NAMES = {"logreg": "a5a", "cnn": "cnn"}
+PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn"}   # a task's panel in the results tables, as the paper names it
 COMPRESSED = ("alg1", "alg2", "alg3", "alg4", "ef21_muon", "vr_marina")
 RESAMPLES = 2000
 
@@ -144,7 +144,7 @@ def bench_compute(task: str, bench: Path = BENCH) -> Compute:
     per worker and step; t_step(method) = the method's time x (1 - its gradient share) /
     (steps n). CNN (results/bench/cnn.md, ``make bench-cnn``): the CPU ms per step of the
     gradients and of the whole step, per method, the same way."""
-    if TASK_NAMES.get(task, task) == "a5a":
+    if PANEL_NAMES.get(task, task) == "a5a":
         text = (bench / "logreg.md").read_text()
         head = re.search(r"n = (\d+) workers, (\d+) steps", text)
         n, steps = int(head[1]), int(head[2])
@@ -197,7 +197,7 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
     runs = load_runs(root) if root.exists() else []
     if not runs:
         return Panel(task, spec["metric"], spec["window"], math.nan, {},
-                     f"no {TASK_NAMES[task]} panel runs under {root} (make fig2-{task})")
+                     f"no {PANEL_NAMES[task]} panel runs under {root} (make fig2-{task})")
     old = [r for r in runs if any(c not in r.rows[0] for c in COST_COLUMNS)]
     if old:
         return Panel(task, spec["metric"], spec["window"], math.nan, {},
@@ -289,7 +289,7 @@ def crossover_rows(panel: Panel, level: float, net: Network, compute: Compute | 
             raise ValueError(f"{m} and gluon need runs for the same seeds: {t['seeds']} vs "
                              f"{g['seeds']}")
         reached = int(np.sum(~np.isnan(t["A"])))
-        row = {"task": TASK_NAMES[panel.task], "model": label, "topology": net.topology,
+        row = {"task": PANEL_NAMES[panel.task], "model": label, "topology": net.topology,
                "latency_ms": 1e3 * net.latency_s, "frame_bytes": net.frame_bytes,
                "header_share": net.header_share, "down_over_up": ratio, "method": m,
                "level": level, "seeds": len(t["seeds"]), "seeds_reached": reached,
@@ -377,7 +377,7 @@ def spend(panel: Panel, level: float) -> str:
     """What each method has spent, per worker, when its smoothed curve first reaches ``level``:
     means over the seeds that reach it (markdown)."""
     keys = ("step", "grads", "comm", "bytes", "star_down_bytes", "up_bytes", "rounds")
-    lines = [f"| {TASK_NAMES[panel.task]}: at Gluon's final level ({level:.3g}) | seeds | steps | "
+    lines = [f"| {PANEL_NAMES[panel.task]}: at Gluon's final level ({level:.3g}) | seeds | steps | "
              "gradients | uplink (dense units) | uplink bytes | star downlink bytes | ring bytes "
              "each way | messages |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, hm in hits(panel, level).items():
@@ -465,7 +465,7 @@ def plot(tasks=("logreg", "cnn"), out: Path = FIG) -> list[Path]:
                 grid_axes[1, 1]]
         legend_ax = grid_axes[1, 2]
         legend_ax.axis("off")
-        name = TASK_NAMES[task]
+        name = PANEL_NAMES[task]
         path = out / f"fig_cost_{name}.png"
         compute = bench_compute(task)
         level = gluon_level(panel)
@@ -632,7 +632,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "readme":
         for task in args.task:
-            print(f"{TASK_NAMES[task]}:\n{readme_table(TASK_NAMES[task])}")
+            print(f"{PANEL_NAMES[task]}:\n{readme_table(PANEL_NAMES[task])}")
         return
     if args.cmd in ("table", "all"):
         table(args.task, args.compute)

@@ -102,13 +102,13 @@ def test_a_methods_per_name_defaults_live_in_the_registry_alone(name):
 
 
 def test_the_lmo_defaults_live_in_the_library_alone():
-    """configs/task/cifar10.yaml writes no literal for an LMO setting whose default
+    """configs/task/cnn.yaml writes no literal for an LMO setting whose default
     gluon.lmo holds (ns_steps, head_scale): it refers to it, and the composed config carries the
     library's value with its type, as the runs recorded before the reference did."""
     from experiments.run.config import compose
     from experiments.tasks import resolved
     from gluon.lmo import LMO_DEFAULTS
-    text = (REPO / "configs" / "task" / "cifar10.yaml").read_text()
+    text = (REPO / "configs" / "task" / "cnn.yaml").read_text()
     task = resolved(compose("cnn")).task
     for key, value in LMO_DEFAULTS.items():
         assert re.search(rf"^{key}: \$\{{gluon_lmo_default:{key}\}}", text, flags=re.M), key

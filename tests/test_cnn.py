@@ -266,7 +266,7 @@ def test_overrides_compose():
     assert cfg.compressor.name == "topk" and cfg.compressor.density == 0.05
     assert (cfg.method.q, cfg.method.B, cfg.method.beta, cfg.method.lr) == (0.2, 2, 0.8, 0.03)
     assert (cfg.steps, cfg.seed, cfg.n_workers, cfg.batch_size) == (7, 3, 2, 8)
-    assert cfg.task.name == "cifar10" and cfg.device == "cpu"
+    assert cfg.task.name == "cnn" and cfg.device == "cpu"
     assert cfg_for("method=gluon").compressor.name == "identity"
     # the CPU panel: experiment + tuned settings beat the CNN defaults; the command line beats both
     for name, comp in [("gluon", "identity"), ("alg1", "randk"), ("alg2", "topk"),

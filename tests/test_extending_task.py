@@ -115,7 +115,7 @@ if __name__ == "__main__":
     command_line(main, "lsq", sys.modules[__name__], config_dir=Path(__file__).parent / "configs")
 '''
 # The config file, beside the module: the entry point's primary config (configs/lsq.yaml), the
-# task's settings included, as configs/logreg.yaml and configs/task/a5a.yaml are for a5a.
+# task's settings included, as configs/logreg.yaml and configs/task/logreg.yaml are for logreg.
 PRIMARY_CONFIG = """defaults:
   - lsq_schema
   - hydra: default

@@ -177,7 +177,7 @@ def test_tiny_multirun_sweep_end_to_end(tmp_path):
     assert p2.stdout.count("[skip]") == 2                           # a finished sweep: nothing
 
 
-@pytest.mark.parametrize("task", ["a5a", "cnn"])
+@pytest.mark.parametrize("task", ["logreg", "cnn"])
 def test_readme_quotes_the_committed_reduction_table(task):
     """The README's Expected results show exactly the rows of results/fig2/reduction.csv (the
     reduction at the best baseline's final level, its interval, the paper's claim against it)."""

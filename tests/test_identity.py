@@ -154,8 +154,9 @@ def test_real_legacy_run_folders_migrate_to_the_names_their_sweep_finds(tmp_path
         legacy = before[f"method.beta=0.6,method.lr=0.1,seed={seed}"]
         assert s["added_keys"] == ["task.amp_cpu"]        # the schema's key since, at its default
         assert s["config"]["task"]["amp_cpu"] is False
+        assert s["renamed_task"] == "cifar10" and s["config"]["task"]["name"] == "cnn"
         assert {k: v for k, v in s.items() if k not in ("metrics", "id", "data_id", "added_keys",
-                                                        "config")} == \
+                                                        "renamed_task", "config")} == \
             {k: v for k, v in legacy.items() if k != "config"}
         cfg = resolved(compose_config("cnn", "experiment=cnn_gap/tune_gluon", "method.lr=0.1",
                                    "method.beta=0.6", f"seed={seed}"))
@@ -166,3 +167,32 @@ def test_real_legacy_run_folders_migrate_to_the_names_their_sweep_finds(tmp_path
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert sweep.returncode == 0, sweep.stderr
     assert sweep.stdout.count("[skip]") == 2 and "2 runs: 2 ok" in sweep.stdout   # nothing run
+
+
+def test_a_run_of_a_task_under_its_old_name_migrates_to_the_run_of_its_new_name(tmp_path):
+    """A run made when logistic regression was named ``a5a`` (its identity and folder computed
+    from that name, as the code of then did) is, after ``migrate``, the run that today's
+    config names: the same folder, identity and summary, and the sweep skips it."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "steps=40", "log_every=20", f"hydra.sweep.dir={sweep}", "checkpoint_every=0"]
+    made = subprocess.run([sys.executable, "-m", "experiments.logreg", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    (today,) = [p.parent for p in sweep.rglob("summary.json")]
+    summary = json.loads((today / "summary.json").read_text())
+    old = json.loads(json.dumps(summary))                 # the run as the old name recorded it
+    old["config"]["task"]["name"] = "a5a"
+    old["id"] = runs.run_id(old["config"], old["data_id"])
+    then = today.parent / runs.folder_name(old["config"], old["data_id"])
+    assert then != today and old["id"] != summary["id"]   # the name is part of the identity
+    (today / "summary.json").write_text(json.dumps(old, indent=2))
+    today.rename(then)
+    p = subprocess.run([sys.executable, "-m", "experiments.run.migrate", str(sweep)], cwd=REPO,
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "1 migrated" in p.stdout and "task a5a is now logreg" in p.stdout
+    assert not then.exists() and today.is_dir()
+    after = json.loads((today / "summary.json").read_text())
+    assert after.pop("renamed_task") == "a5a" and after == summary
+    again = subprocess.run([sys.executable, "-m", "experiments.logreg", *args], cwd=REPO, env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("[skip]") == 1, again.stdout

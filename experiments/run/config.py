@@ -102,7 +102,7 @@ class RunConf:
 
 @dataclass
 class LogRegTask:
-    """The a5a task's keys, typed; their values live in configs/task/a5a.yaml alone."""
+    """The a5a task's keys, typed; their values live in configs/task/logreg.yaml alone."""
     name: str = MISSING
     dataset: str = MISSING
     l2: float = MISSING
@@ -117,7 +117,7 @@ class LogRegConfig(RunConf):
 
 @dataclass
 class CifarTask:
-    """The CIFAR-10 task's keys, typed; their values live in configs/task/cifar10.yaml alone."""
+    """The CIFAR-10 task's keys, typed; their values live in configs/task/cnn.yaml alone."""
     name: str = MISSING
     source: str = MISSING
     download: bool = MISSING
@@ -150,7 +150,7 @@ class CnnConfig(RunConf):
     device: str = MISSING              # configs/cnn.yaml
 
 
-SCHEMAS = {"a5a": LogRegConfig, "cifar10": CnnConfig}     # by task.name
+SCHEMAS = {"logreg": LogRegConfig, "cnn": CnnConfig}     # by task.name
 
 
 def register() -> None:

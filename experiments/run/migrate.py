@@ -12,6 +12,10 @@ or diverged) is brought to what a run writes today:
   SHA-256 of metrics.jsonl are recorded, and from then on any change to metrics.jsonl makes the
   run "damaged". A folder that does not agree is reported as damaged and left untouched: re-run
   its sweep to recompute it (or the run with ``overwrite=true``).
+* **Tasks renamed since.** A run of a task under an earlier name (:data:`RENAMED_TASKS`:
+  ``a5a`` is now ``logreg``, ``cifar10`` is now ``cnn``) gets the task's name of today, and
+  ``summary["renamed_task"]`` records the old one; the run is the same run, so its identity is
+  computed again from the new name.
 * **Keys added since.** A key the schema has gained since the run was made is added to its
   config at its default, and named in ``summary["added_keys"]``: a key is added with the
   default that does what the code did before it existed (docs/architecture.md), so the run
@@ -39,6 +43,20 @@ from pathlib import Path
 
 from . import runs
 from .runs import atomic_write_text
+
+
+# A task's earlier name -> its name today (configs/task/<name>.yaml, experiments.tasks.TASKS).
+RENAMED_TASKS = {"a5a": "logreg", "cifar10": "cnn"}
+
+
+def renamed_task(config: dict) -> str | None:
+    """Give ``config``'s task (in place) its name of today; return the old name, or None."""
+    task = config.get("task") or {}
+    old = task.get("name")
+    if old not in RENAMED_TASKS:
+        return None
+    task["name"] = RENAMED_TASKS[old]
+    return old
 
 
 def data_identity(config: dict) -> str | None:
@@ -99,6 +117,11 @@ def migrate_run(run_dir: Path, write: bool = True) -> tuple[str, str]:
         summary["metrics"] = runs.digest(run_dir / runs.METRICS)
         done.append(f"{summary['metrics']['rows']} rows recorded")
     config = summary.get("config") or {}
+    old_name = renamed_task(config)
+    if old_name:
+        summary["renamed_task"] = old_name
+        summary["id"] = None                          # the identity is computed again below
+        done.append(f"task {old_name} is now {config['task']['name']}")
     added = added_keys(config)
     if added:
         summary["added_keys"] = sorted({*summary.get("added_keys", []), *added})

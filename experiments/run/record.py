@@ -117,8 +117,9 @@ class RunLog:
         method = (c.get("method") or {}).get("name")
         compressor = (c.get("compressor") or {}).get("name")
         task = (c.get("task") or {}).get("name")
+        dataset = (c.get("task") or {}).get("dataset")       # logreg's: a5a or a9a
         tags = list(self.wandb_cfg.get("tags") or [])
-        tags += [t for t in (self.figure, method, compressor, task) if t and t not in tags]
+        tags += [t for t in (self.figure, method, compressor, task, dataset) if t and t not in tags]
         settings = {"silent": True, "console": "off", "x_disable_stats": True,
                     **(self.wandb_cfg.get("settings") or {})}
         self._wandb = wandb.init(
