@@ -101,11 +101,11 @@ fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
 	$(PY) -m paper.cost all
 
-shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min)
+shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min, measured with the committed bench compute, see docs/cost.md)
 	infra/shaped_network.sh up
 	$(PY) -m benchmarks.shaped measure --rates 100kbit 20mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
 
-shaped-cnn: $(STAMP)  ## (root) the same for the CNN's CPU profile, to Gluon's final loss in Fig. 2 (results/cost/shaped_cnn.csv; about 25 min on an idle machine)
+shaped-cnn: $(STAMP)  ## (root) the same for the CNN's CPU profile, to Gluon's final loss in Fig. 2 (results/cost/shaped_cnn.csv; 40 min on the idle machine)
 	infra/shaped_network.sh up
 	$(PY) -m benchmarks.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
 

@@ -15,9 +15,16 @@ training loss on its 512 fixed images) reaches the target (Gluon's final level i
 measures the network's two parameters at each rate with a 1-byte ping-pong between the two
 namespaces (a hop's time is latency + frame/rate: two rates give both). The model
 (paper/cost.py, ring topology, docs/cost.md) then predicts each run's time per step and time to
-the target from the run's own cost columns (grads, up/down bytes, hops), the compute time per
-gradient of ``make bench`` / ``make bench-cnn`` (results/bench/) and those two network
-parameters.
+the target from the run's own cost columns (grads, up/down bytes, hops), the compute time and
+those two network parameters.
+
+Compute is measured in the same session as the network (``--compute calibrate``, the default):
+a short run of each method on the same 2-process backend, its CPU time per step fit as
+``grad_s`` per gradient plus a per-step remainder (:func:`calibrate_compute`). This machine's
+speed drifts between sessions (``make bench-cnn``'s Gluon step took 30.1 ms when its table was
+committed and 54.9 ms on the day the CNN was measured here), so a committed benchmark table
+cannot time a run made on another day. ``--compute bench`` uses the committed tables of
+``make bench`` / ``make bench-cnn`` instead, as ``make fig-cost`` does.
 """
 from __future__ import annotations
 
@@ -273,6 +280,30 @@ def prepare(task: str) -> None:
     task_module(cfg.task.name).build(cfg, build_compressor(cfg.compressor))
 
 
+def calibrate_compute(task: str, steps: int, warmup: int = 20):
+    """Compute per worker on the real backend now: each of :data:`METHODS` runs ``steps`` steps
+    (the target out of reach) and its mean CPU time per step after ``warmup`` is fit as
+    ``grad_s`` x its gradients per step + a remainder that every method shares (two methods,
+    two unknowns: exact). Returns a ``paper.cost.Compute`` and what was measured."""
+    import numpy as np
+
+    from paper import cost
+    seen = {}
+    for method in METHODS:
+        res = run(method, 0, steps, 10, 0.0, task=task)
+        rows = res["rows"]
+        grads = (rows[-1]["grads"] - rows[0]["grads"]) / (rows[-1]["step"] - rows[0]["step"])
+        seen[method] = {"cpu_ms_per_step": 1e3 * float(np.mean(res["cpu_s"][warmup:])),
+                        "grads_per_step": grads}
+    a = np.array([[seen[m]["grads_per_step"], 1.0] for m in METHODS])
+    b = np.array([seen[m]["cpu_ms_per_step"] / 1e3 for m in METHODS])
+    (grad_s, rest_s), *_ = np.linalg.lstsq(a, b, rcond=None)
+    source = (f"CPU time per step of {', '.join(METHODS)} on the real backend ({WORKERS} gloo "
+              f"processes, {steps} steps each, python -m benchmarks.shaped measure): "
+              f"{1e3 * grad_s:.2f} ms per gradient + {1e3 * rest_s:.2f} ms per step")
+    return cost.Compute(float(grad_s), {m: float(rest_s) for m in METHODS}, source), seen
+
+
 def measure(args) -> None:
     """Calibrate the network at the lowest and highest rate, then run both methods at every
     rate; write the table beside the model's predictions and the network's parameters."""
@@ -294,7 +325,13 @@ def measure(args) -> None:
                    calibration=cal)
     print(f"network: {json.dumps({k: v for k, v in network.items() if k != 'calibration'})}",
           flush=True)
-    compute = cost.bench_compute(cost.PANEL_NAMES[args.task])
+    if args.compute == "calibrate":
+        compute, seen = calibrate_compute(args.task, args.compute_steps)
+        network.update(compute=compute.source, compute_calibration=seen)
+    else:
+        compute = cost.bench_compute(cost.PANEL_NAMES[args.task])
+        network.update(compute=compute.source)
+    print(f"compute: {compute.source}", flush=True)
     out_rows = []
     for rate in args.rates:
         sh("rate", rate)
@@ -316,13 +353,41 @@ def measure(args) -> None:
         fh.write(f"# {what}, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
                  f"seed {args.seed}; target {metric} <= {target:g} (evaluated every "
                  f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
-                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; python -m benchmarks.shaped measure\n")
+                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; compute: {compute.source}; "
+                 f"python -m benchmarks.shaped measure\n")
         w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
         w.writeheader()
         w.writerows(out_rows)
     net_out = out.parent / ("network.json" if args.task == "logreg" else f"{out.stem}_network.json")
     net_out.write_text(json.dumps(network, indent=2) + "\n")
     print(f"wrote {out} and {net_out}")
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if x > 10 else f"{x:.2f}"
+
+
+def readme_table(task: str = "logreg", path: Path | None = None) -> str:
+    """The README's table of a task's shaped-network measurements beside the model's
+    predictions, from the committed CSV (``TASKS[task].out``)."""
+    path = Path(path or REPO / TASKS[task].out)
+    with open(path) as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    names = {"gluon": "Gluon", "alg1": "Alg. 1"}
+    units = {"kbit": "kbit/s", "mbit": "Mbit/s", "gbit": "Gbit/s"}
+    lines = ["| rate | method | s to target, measured | model | model / measured | "
+             "payload-only model | ms/step measured | model |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        unit = next(u for u in units if r["rate"].lower().endswith(u))
+        rate = f"{r['rate'][:-len(unit)]} {units[unit]}"
+        meas, model = float(r["measured_s_to_target"]), float(r["model_s_to_target"])
+        lines.append(f"| {rate} | {names.get(r['method'], r['method'])} | {_num(meas)} | "
+                     f"{_num(model)} | {model / meas:.2f} | "
+                     f"{_num(float(r['payload_only_model_s_to_target']))} | "
+                     f"{_num(float(r['measured_ms_per_step']))} | "
+                     f"{_num(float(r['model_ms_per_step']))} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
@@ -338,6 +403,10 @@ def main(argv=None) -> None:
     m.add_argument("--loops", type=int, default=200)
     m.add_argument("--tput-bytes", type=int, default=1_000_000)
     m.add_argument("--out", default=None, help="default: the task's (TASKS)")
+    m.add_argument("--compute", choices=["calibrate", "bench"], default="calibrate",
+                   help="the model's compute: measured now on the backend, or the committed "
+                        "make bench tables")
+    m.add_argument("--compute-steps", type=int, default=300)
     t = sub.add_parser("throughput")
     t.add_argument("--bytes", type=int, default=2_000_000)
     r = sub.add_parser("rank")
@@ -349,6 +418,8 @@ def main(argv=None) -> None:
     r.add_argument("--eval-every", type=int, default=10)
     r.add_argument("--target", type=float, required=True)
     r.add_argument("--out", required=True)
+    tb = sub.add_parser("table", help="print the README's table from the committed CSV")
+    tb.add_argument("--task", choices=sorted(TASKS), default="logreg")
     c = sub.add_parser("calibrate")
     c.add_argument("--n", type=int, default=200)
     c.add_argument("--big", action="store_true")
@@ -360,6 +431,8 @@ def main(argv=None) -> None:
         print(f"{throughput(args.bytes) / 1e6:.3f} Mbit/s")
     elif args.cmd == "rank":
         rank_main(args)
+    elif args.cmd == "table":
+        print(readme_table(args.task), end="")
     else:
         calibrate_main(args)
 
