@@ -99,7 +99,7 @@ def test_run_logs_start_progress_and_end_into_its_log_file(tmp_path, results_wit
     log = (run_dir / "logreg.log").read_text()
     lines = log.splitlines()
     assert lines[0].split("] ", 1)[1].startswith(f"[start] {run_dir}: alg1 (")
-    assert "randk (density=0.01) on a5a, 4 workers (sim), seed 0, 4000 steps" in lines[0]
+    assert "randk (density=0.01) on logreg (a5a), 4 workers (sim), seed 0, 4000 steps" in lines[0]
     progress = [ln for ln in lines if "steps/s" in ln]
     assert progress, log
     for ln in progress:                                   # step, uplink, f - f*, rate, time left

@@ -578,7 +578,8 @@ def _summary_line(config: dict) -> str:
               else f"{config['max_comm']:g} units of uplink (at most {config['steps']} steps)")
     if config.get("max_grads") is not None:
         budget += f", at most {config['max_grads']:g} gradient evaluations per worker"
-    return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {t.get('name')}, "
+    task = f"{t.get('name')} ({t['dataset']})" if t.get("dataset") else t.get("name")
+    return (f"{m.get('name')} ({hp}) {c.get('name')} ({comp}) on {task}, "
             f"{config.get('n_workers')} workers ({config.get('comm', 'sim')}), seed "
             f"{config.get('seed')}, {budget}")
 
