@@ -102,7 +102,8 @@ class RunConf:
 
 @dataclass
 class LogRegTask:
-    """The a5a task's keys, typed; their values live in configs/task/logreg.yaml alone."""
+    """The logreg task's keys (its dataset: a5a or a9a), typed; their values live in
+    configs/task/logreg.yaml alone."""
     name: str = MISSING
     dataset: str = MISSING
     l2: float = MISSING
@@ -117,7 +118,8 @@ class LogRegConfig(RunConf):
 
 @dataclass
 class CifarTask:
-    """The CIFAR-10 task's keys, typed; their values live in configs/task/cnn.yaml alone."""
+    """The cnn task's keys (airbench94 on CIFAR-10), typed; their values live in
+    configs/task/cnn.yaml alone."""
     name: str = MISSING
     source: str = MISSING
     download: bool = MISSING
