@@ -50,7 +50,7 @@ COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", 
 TOPOLOGIES = ("star", "ring")
 BANDWIDTHS = (10e6, 1e9, 100e9)                 # bit/s: the three of panel (b)
 SWEEP = np.logspace(6, 11, 201)                 # bit/s: 1 Mbit/s to 100 Gbit/s, panel (c)
-PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn"}   # a task's panel in the results tables, as the paper names it
+PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn"}   # a task's panel in the results tables (a5a: its dataset)
 COMPRESSED = ("alg1", "alg2", "alg3", "alg4", "ef21_muon", "vr_marina")
 RESAMPLES = 2000
 

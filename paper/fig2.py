@@ -26,7 +26,7 @@ from experiments.run.config import sweep_dir
 OUT = Path("results/fig2")
 FIG = Path("figures")
 # Per task: the experiment whose sweep it reads (entry point, experiment config), the panel's
-# name in the results tables (the paper's: a5a, cnn), tracked metric, smoothing window (uplink units: 5% of the budget),
+# name in the results tables (a5a, cnn: the dataset of the a5a panel, the CNN's task), tracked metric, smoothing window (uplink units: 5% of the budget),
 # the fixed tolerances and the baselines (docs/statistics.md). The uplink budget is the one the
 # runs recorded (max_comm, set once in configs/experiment/), see :func:`budget_of`.
 TASKS = {
@@ -204,7 +204,7 @@ PAPER_CLAIM = {"logreg": 0.60, "cnn": 0.65}   # "about 60%" (Sec. 6.2), "about 6
 
 def readme_table(task: str, path: Path | None = None) -> str:
     """The README's Expected-results table of a task's panel (``logreg`` or ``cnn``), from
-    reduction.csv, whose rows name the panel as the paper does (``a5a``, ``cnn``): for every baseline
+    reduction.csv, whose rows name the panel ``a5a`` or ``cnn``: for every baseline
     that runs to the budget (the best, lowest final level, first), every method's uplink to
     reach that baseline's final level, the reduction with its 95% interval, whether the paper's
     claim lies inside the interval, and the raw-first-hit reduction beside it."""
