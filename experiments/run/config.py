@@ -101,14 +101,20 @@ class RunConf:
 
 
 @dataclass
-class LogRegTask:
-    """The logreg task's keys (its dataset: a5a or a9a), typed; their values live in
-    configs/task/logreg.yaml alone."""
+class TaskConf:
+    """The keys every task has: its registered name (experiments.tasks.TASKS) and how its
+    data is shared among the workers (experiments.tasks.split)."""
     name: str = MISSING
-    dataset: str = MISSING
-    l2: float = MISSING
     heterogeneity: Heterogeneity = MISSING
     split_seed: int = MISSING
+
+
+@dataclass
+class LogRegTask(TaskConf):
+    """The logreg task's keys (its dataset: a5a or a9a), typed; their values live in
+    configs/task/logreg.yaml alone."""
+    dataset: str = MISSING
+    l2: float = MISSING
 
 
 @dataclass
@@ -117,14 +123,11 @@ class LogRegConfig(RunConf):
 
 
 @dataclass
-class CifarTask:
+class CifarTask(TaskConf):
     """The cnn task's keys (airbench94 on CIFAR-10), typed; their values live in
     configs/task/cnn.yaml alone."""
-    name: str = MISSING
     source: str = MISSING
     download: bool = MISSING
-    heterogeneity: Heterogeneity = MISSING
-    split_seed: int = MISSING
     widths: List[int] = MISSING
     whiten_images: int = MISSING
     whiten_eps: float = MISSING
