@@ -10,18 +10,10 @@ the task itself (data, model, oracles, evaluation) lives in :mod:`experiments.ta
 """
 from __future__ import annotations
 
-import hydra
-from omegaconf import DictConfig
-
-from .run.lifecycle import command_line, run_hydra_job
+from .run.lifecycle import entry_point
 from .tasks import cnn as task
 
-
-@hydra.main(config_path="../configs", config_name="cnn", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    summary = run_hydra_job(cfg, task) or {}
-    return (summary.get("final") or {}).get("loss", float("nan"))
-
+main = entry_point(task, "cnn", objective="loss")   # hydra's job returns the final loss
 
 if __name__ == "__main__":
-    command_line(main, "cnn", task)
+    main()

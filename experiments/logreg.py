@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from .run.lifecycle import command_line, execute, run_hydra_job
+from .run.lifecycle import entry_point, execute
 from .tasks import logreg as task
 from .tasks.logreg import build  # noqa: F401 (the task's build, for scripts and tests)
+
+main = entry_point(task, "logreg", objective="gap")  # hydra's job returns the final gap
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
@@ -28,11 +29,5 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     return execute(cfg, run_dir, task)
 
 
-@hydra.main(config_path="../configs", config_name="logreg", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    summary = run_hydra_job(cfg, task) or {}
-    return (summary.get("final") or {}).get("gap", float("nan"))
-
-
 if __name__ == "__main__":
-    command_line(main, "logreg", task)
+    main()

@@ -150,8 +150,14 @@ class Method:
         return m
 
     def full_sync(self) -> list[Tensor]:
+        """g^{k+1} on a sync step (u^k = 1): the average of the workers' large-batch
+        gradients, sent uncompressed."""
         return self.comm.average([self.send(DENSE, w, self.large_batch_grad(w))
                                   for w in self.workers])
+
+    def plus_g(self, y) -> list[Tensor]:
+        """g^{k+1} = g^k + y^k on a step without sync (u^k = 0)."""
+        return [a + b for a, b in zip(self.g, y)]
 
     def advance(self, g, y=None) -> list[Tensor]:
         """The end of every iteration of Alg. 1-4: keep g^k, draw the shared coin u^{k+1}, and
@@ -206,12 +212,9 @@ class Alg1(Method):
 
     def _direction(self):
         if self.u:
-            g = self.full_sync()
-        else:
-            y = self.comm.average([self.send(self.compressor, w, self.delta(w))
-                                   for w in self.workers])
-            g = [a + b for a, b in zip(self.g, y)]
-        return self.advance(g)
+            return self.advance(self.full_sync())
+        y = self.comm.average([self.send(self.compressor, w, self.delta(w)) for w in self.workers])
+        return self.advance(self.plus_g(y))
 
 
 class Alg2(Method):
@@ -223,11 +226,9 @@ class Alg2(Method):
         if self.u:
             for w in self.workers:
                 w.state["e"] = None      # e^{tau,k+1} = 0
-            g = self.full_sync()
-        else:
-            y = self.comm.average([self.send_with_error_feedback(w) for w in self.workers])
-            g = [a + b for a, b in zip(self.g, y)]
-        return self.advance(g)
+            return self.advance(self.full_sync())
+        y = self.comm.average([self.send_with_error_feedback(w) for w in self.workers])
+        return self.advance(self.plus_g(y))
 
 
 class Alg3(Method):
@@ -237,7 +238,7 @@ class Alg3(Method):
 
     def _direction(self):
         y = self.comm.average([self.send(self.compressor, w, self.delta(w)) for w in self.workers])
-        g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
+        g = self.full_sync() if self.u else self.plus_g(y)
         return self.advance(g, y)
 
 
@@ -261,7 +262,7 @@ class Alg4(Method):
             else:
                 msgs.append(self.send_with_error_feedback(w))
         y = self.comm.average(msgs)
-        g = self.full_sync() if self.u else [a + b for a, b in zip(self.g, y)]
+        g = self.full_sync() if self.u else self.plus_g(y)
         return self.advance(g, y)
 
 
@@ -318,7 +319,7 @@ class EF21Muon(Method):
                 w.state["G"] = [a + b for a, b in zip(w.state["G"], m.values)]
             msgs.append(m)
         r = self.comm.average(msgs)
-        self.g = r if self.g is None else [a + b for a, b in zip(self.g, r)]
+        self.g = r if self.g is None else self.plus_g(r)
         self.M = self.g
         return self.g
 

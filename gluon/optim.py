@@ -484,36 +484,29 @@ class Gluon(GluonOptimizer):
         super().__init__(params, lr=lr, beta=beta, **options)
 
 
-class CompressedGluon(GluonOptimizer):
-    """Alg. 1: Compressed Gluon with an unbiased compressor (identity, RandK, natural, QSGD).
-    ``scale_by_B`` (the paper's 1/B trick) is on by default."""
+class _Compressed(GluonOptimizer):
+    """The signature Alg. 1-3 share: a compressor, the coin's probability q, B local batches,
+    and the paper's 1/B trick (``scale_by_B``, on by default)."""
+
+    def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
+                 beta: float = 0.9, scale_by_B: bool | None = None, **options):
+        super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B,
+                         scale_by_B=scale_by_B, **options)
+
+
+class CompressedGluon(_Compressed):
+    """Alg. 1: Compressed Gluon with an unbiased compressor (identity, RandK, natural, QSGD)."""
     method = "alg1"
 
-    def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
-                 beta: float = 0.9, scale_by_B: bool | None = None, **options):
-        super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B,
-                         scale_by_B=scale_by_B, **options)
 
-
-class CompressedGluonEF(GluonOptimizer):
-    """Alg. 2: Compressed Gluon with error feedback and a contraction (identity, TopK, zero).
-    ``scale_by_B`` is on by default."""
+class CompressedGluonEF(_Compressed):
+    """Alg. 2: Compressed Gluon with error feedback and a contraction (identity, TopK, zero)."""
     method = "alg2"
 
-    def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
-                 beta: float = 0.9, scale_by_B: bool | None = None, **options):
-        super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B,
-                         scale_by_B=scale_by_B, **options)
 
-
-class CompressedGluonMVR(GluonOptimizer):
+class CompressedGluonMVR(_Compressed):
     """Alg. 3: Compressed Gluon with momentum variance reduction, unbiased compressor."""
     method = "alg3"
-
-    def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
-                 beta: float = 0.9, scale_by_B: bool | None = None, **options):
-        super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B,
-                         scale_by_B=scale_by_B, **options)
 
 
 class CompressedGluonEFMVR(GluonOptimizer):

@@ -25,13 +25,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from experiments.run.config import RunConf
-from experiments.run.lifecycle import command_line, run_hydra_job
+from experiments.run.lifecycle import entry_point
 from experiments.tasks import TASKS, Built, resolved, settings, split
 from gluon import simulate
 from gluon.worker import Oracle
@@ -106,13 +105,10 @@ def build(cfg, compressor, world=None):
     return Built(method, evaluate, {"f_star": f_star})
 
 
-@hydra.main(config_path="configs", config_name="lsq", version_base="1.3")
-def main(cfg):
-    run_hydra_job(cfg, sys.modules[__name__])
-
+main = entry_point(sys.modules[__name__], "lsq", config_dir=Path(__file__).parent / "configs")
 
 if __name__ == "__main__":
-    command_line(main, "lsq", sys.modules[__name__], config_dir=Path(__file__).parent / "configs")
+    main()
 '''
 # The config file, beside the module: the entry point's primary config (configs/lsq.yaml), the
 # task's settings included, as configs/logreg.yaml and configs/task/logreg.yaml are for logreg.

@@ -1,7 +1,8 @@
 """One run, top to bottom: the command line's checks, then start or resume, train, finish.
 
-Every entry point (``python -m experiments.logreg``, ``python -m experiments.cnn``) ends in
-:func:`command_line`, and its ``@hydra.main`` function in :func:`run_hydra_job`. In reading order:
+Every entry point (``python -m experiments.logreg``, ``python -m experiments.cnn``) is made by
+:func:`entry_point`: :func:`command_line` around a ``@hydra.main`` job that calls
+:func:`run_hydra_job`. In reading order:
 
 1. **The command line** (:func:`command_line`, :func:`check_run`). Before hydra creates a run
    folder, the command's config (a sweep's first job) is composed and validated
@@ -96,6 +97,26 @@ READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 # -------------------------------- 1. the command line: every check before hydra writes
+
+def entry_point(task, config_name: str, config_dir: str | Path | None = None,
+                objective: str = "loss") -> Callable[[], None]:
+    """A task's command line: ``main = entry_point(task, "cnn")`` in the entry module, and
+    ``main()`` under ``__main__``. ``config_name``: the primary config (``configs/<name>.yaml``,
+    or in ``config_dir``); ``objective``: the key of the summary's ``final`` row that the
+    hydra job returns (what a sweeper plugin that optimises would read). Hydra names the job
+    ``task.name`` (``configs/hydra/default.yaml``), whatever file this is called from."""
+    import hydra
+    folder = Path(config_dir) if config_dir is not None else REPO / "configs"
+
+    @hydra.main(config_path=str(folder.resolve()), config_name=config_name, version_base="1.3")
+    def job(cfg: DictConfig) -> float:
+        summary = run_hydra_job(cfg, task) or {}
+        return (summary.get("final") or {}).get(objective, float("nan"))
+
+    def main(argv: list[str] | None = None) -> None:
+        command_line(job, config_name, task, argv, config_dir)
+    return main
+
 
 def command_line(hydra_main: Callable, config_name: str, task,
                  argv: list[str] | None = None, config_dir: str | Path | None = None) -> None:
