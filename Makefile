@@ -146,7 +146,7 @@ sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluste
 
 CNN_GAP = results/sweeps/cnn_gap
 cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
-	for m in gluon alg1 alg1_edges alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
+	for m in gluon alg1 alg1_edges alg1_b64 alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
 	$(PY) -m analysis.select_tuned --sweep $(CNN_GAP)/tune --out configs/tuned/cnn_gap --metric loss \
 	  --table results/cnn_gap/tune_scores.csv
 	$(CNN_SWEEP) experiment=cnn_gap/panel
