@@ -245,6 +245,13 @@ def read_csv(path: Path) -> list[dict]:
 # (docs/statistics.md): trailing geometric-mean smoothing over a window of uplink, first hits of
 # a level, the baseline's final level, and a paired bootstrap over seeds.
 
+def window_of(budget: float) -> float:
+    """The smoothing window W (uplink units) of a figure whose runs have ``budget``: 5% of it
+    (docs/statistics.md); a whole number is returned as an int, as the tables print it."""
+    w = budget / 20
+    return int(w) if float(w).is_integer() else w
+
+
 def smooth(comm: np.ndarray, val: np.ndarray, width: float) -> np.ndarray:
     """At every logged row i, the geometric mean of ``val`` over the rows whose uplink lies in
     the trailing window (comm[i] - width, comm[i]]. Non-positive values count as 1e-300 (a

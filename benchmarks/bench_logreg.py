@@ -20,8 +20,8 @@ import torch
 
 import gluon
 import gluon.methods as gm
-from experiments.tasks import libsvm_file
-from experiments.tasks.logreg import LogRegOracle, load_libsvm, split
+from experiments.tasks import libsvm_file, split
+from experiments.tasks.logreg import LogRegOracle, load_libsvm
 
 SETTINGS = {
     "gluon": ("identity", {}),

@@ -485,8 +485,9 @@ class Gluon(GluonOptimizer):
 
 
 class _Compressed(GluonOptimizer):
-    """The signature Alg. 1-3 share: a compressor, the coin's probability q, B local batches,
-    and the paper's 1/B trick (``scale_by_B``, on by default)."""
+    """The signature Alg. 1-3 share: a compressor, the coin's probability q, B minibatches per
+    sync, and the paper's 1/B trick (``scale_by_B``; None: the method's default, on for Alg. 1
+    and 2, off for Alg. 3: ``gluon.methods.METHODS``)."""
 
     def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
                  beta: float = 0.9, scale_by_B: bool | None = None, **options):

@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from experiments.run.config import sweep_dir
 from experiments.run.runs import atomic_write_text
 from analysis.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
                               reduction_rows, run_curve, write_csv)
 
-SWEEPS = Path("results/sweeps/cnn_gap")
+SWEEPS = sweep_dir("cnn", "cnn_gap/panel").parent   # each condition's sweep is SWEEPS/<name>
+                                                   # (configs/experiment/cnn_gap: group)
 OUT = Path("results/cnn_gap")
 FIG = Path("figures")
 TUNED = Path("configs/tuned/cnn_gap")

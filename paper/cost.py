@@ -191,23 +191,23 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
     they lack the cost columns)."""
     from experiments.run.config import sweep_dir
     from paper.fig2 import TASKS, _order, budget_of
-    from analysis.statistics import group_runs, load_runs
+    from analysis.statistics import group_runs, load_runs, window_of
     spec = TASKS[task]
     root = Path(sweep or sweep_dir(*spec["experiment"]))
     runs = load_runs(root) if root.exists() else []
     if not runs:
-        return Panel(task, spec["metric"], spec["window"], math.nan, {},
+        return Panel(task, spec["metric"], math.nan, math.nan, {},
                      f"no {PANEL_NAMES[task]} panel runs under {root} (make fig2-{task})")
     old = [r for r in runs if any(c not in r.rows[0] for c in COST_COLUMNS)]
     if old:
-        return Panel(task, spec["metric"], spec["window"], math.nan, {},
+        return Panel(task, spec["metric"], math.nan, math.nan, {},
                      f"{len(old)} of the {len(runs)} runs under {root} were written before the "
                      f"cost columns existed (make clean, then make fig2-{task})")
     by = {}
     for group in group_runs(runs).values():
         by[group[0].config["method"]["name"]] = sorted(group, key=lambda r: r.config["seed"])
     budget = budget_of(runs, root)
-    return Panel(task, spec["metric"], spec["window"], budget,
+    return Panel(task, spec["metric"], window_of(budget), budget,
                  dict(sorted(by.items(), key=lambda kv: _order(kv[0]))))
 
 

@@ -19,23 +19,23 @@ from pathlib import Path
 import numpy as np
 
 from analysis.statistics import (group_runs, load_runs, read_csv, reduction_rows,
-                                  smoothed_curves, write_csv, write_table)
+                                  smoothed_curves, window_of, write_csv, write_table)
 from experiments.run.runs import atomic_write_text
 from experiments.run.config import sweep_dir
 
 OUT = Path("results/fig2")
 FIG = Path("figures")
 # Per task: the experiment whose sweep it reads (entry point, experiment config), the panel's
-# name in the results tables (a5a, cnn: the dataset of the a5a panel, the CNN's task), tracked metric, smoothing window (uplink units: 5% of the budget),
+# name in the results tables (a5a, cnn: the dataset of the a5a panel, the CNN's task), tracked metric,
 # the fixed tolerances and the baselines (docs/statistics.md). The uplink budget is the one the
 # runs recorded (max_comm, set once in configs/experiment/), see :func:`budget_of`.
 TASKS = {
     "logreg": {"experiment": ("logreg", "fig2_logreg"), "metric": "gap", "table_task": "a5a",
-               "window": 50, "eps": [3e-2, 1e-2, 5e-3, 3e-3],
+               "eps": [3e-2, 1e-2, 5e-3, 3e-3],
                "baselines": ["gluon", "vr_marina", "ef21_muon"],
                "ylabel": r"$f(x) - f^*$", "title": "Logistic regression, a5a"},
     "cnn": {"experiment": ("cnn", "fig2_cnn_cpu"), "metric": "loss", "table_task": "cnn",
-            "window": 25, "eps": [2.0, 1.6, 1.4, 1.2],
+            "eps": [2.0, 1.6, 1.4, 1.2],
             "baselines": ["gluon", "ef21_muon"],
             "ylabel": "training loss (512 fixed training images)",
             "title": "CNN: airbench94{widths}, {data}"},
@@ -91,10 +91,11 @@ def aggregate(task: str, sweep: str | None = None, experiment: str | None = None
         by_method[name] = sorted(group, key=lambda r: r.config["seed"])
     by_method = dict(sorted(by_method.items(), key=lambda kv: _order(kv[0])))
     budget = budget_of(runs, root)
-    write_csv(smoothed_curves(by_method, spec["metric"], budget, spec["window"]),
+    window = window_of(budget)               # smoothing, uplink units: 5% of the budget
+    write_csv(smoothed_curves(by_method, spec["metric"], budget, window),
               OUT / f"{task}_curves.csv")
     rows = reduction_rows(by_method, spec["metric"], eps_list=spec["eps"],
-                          baselines=spec["baselines"], budget=budget, width=spec["window"],
+                          baselines=spec["baselines"], budget=budget, width=window,
                           task=spec["table_task"])
     write_table(rows, OUT / "reduction.csv", OUT / "reduction.md", replace_task=spec["table_task"])
     def given(node: dict) -> dict:   # the settings a run was given (null = not set)
@@ -107,7 +108,7 @@ def aggregate(task: str, sweep: str | None = None, experiment: str | None = None
                     "steps_cap": g[0].config.get("steps"),
                     **({"max_grads": g[0].config["max_grads"]}
                        if g[0].config.get("max_grads") else {}),
-                    "budget": budget, "window": spec["window"],
+                    "budget": budget, "window": window,
                     "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
                     "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1),
                     "data": g[0].summary.get("data", ""),
@@ -167,7 +168,7 @@ def plot(out: Path = FIG) -> None:
         ax.set_xlabel("uplink communication per worker (dense gradients)")
         ax.set_ylabel(spec["ylabel"])
         rows = read_csv(path) if path.exists() else []
-        if not rows or "smoothed" not in rows[0]:      # none yet, or from an older version
+        if not rows or "smoothed" not in rows[0]:      # none yet, or without the smoothed column
             ax.text(0.5, 0.5, f"no results yet:\nmake fig2-{task}", ha="center", va="center",
                     transform=ax.transAxes)
             continue
@@ -187,9 +188,9 @@ def plot(out: Path = FIG) -> None:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         seeds = int(rows[0]["seeds"])
-        window = next(iter(settings.values()), {}).get("window", spec["window"])
+        window = next(iter(settings.values()), {}).get("window", "?")
         ax.legend(fontsize=7.5, title_fontsize=7,
-                  title=f"geometric mean of {seeds} seeds, trailing {window:g}-unit window; band: "
+                  title=f"geometric mean of {seeds} seeds, trailing {window}-unit window; band: "
                         f"95% bootstrap CI;\nthin: unsmoothed; | : the run's iteration cap")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)

@@ -25,15 +25,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from gluon import make_compressor, resolve_method
 from gluon.distributed import KINDS, env_from_slurm
 
-from ..tasks import resolved, settings
+from ..tasks import HETEROGENEITY, resolved, settings
 from .runs import OPERATIONAL, ConfigError, folder_name  # noqa: F401 (for callers)
 
 
 # ---------------------------------------------------------------- the schema
 
-class Heterogeneity(Enum):
-    iid = "iid"
-    label_skew = "label_skew"
+Heterogeneity = Enum("Heterogeneity", {h: h for h in HETEROGENEITY})   # experiments.tasks.split
 
 
 class CommKind(Enum):

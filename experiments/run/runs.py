@@ -156,11 +156,6 @@ def folder_name(config: dict, data: str | None) -> str:
     return f"{name},{tag}" if name else tag
 
 
-def recorded_id(summary: dict | None) -> str | None:
-    """The identity hash a run recorded (``summary["id"]``), or None for a run written before."""
-    return (summary or {}).get("id")
-
-
 # ---------------------------------------------------------------- reading
 
 def read_summary(run_dir: str | Path) -> dict | None:

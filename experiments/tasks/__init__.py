@@ -73,7 +73,17 @@ def settings(node: DictConfig) -> dict:
             if k != "name" and v is not None}
 
 
-HETEROGENEITY = ("iid", "label_skew")
+HETEROGENEITY = ("iid", "label_skew")     # how the workers' shards are cut (split); the schema's
+                                          # enum (experiments.run.config) is made from it
+
+
+def check_heterogeneity(cfg) -> None:
+    """ValueError unless ``cfg.task.heterogeneity`` is one :func:`split` knows (a task's
+    ``check``; the project's schema refuses others when composing, a task of your own may not
+    use it)."""
+    if str(cfg.task.heterogeneity) not in HETEROGENEITY:
+        raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
+                         f"{', '.join(HETEROGENEITY)}")
 
 
 def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
@@ -92,7 +102,7 @@ def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
             raise ValueError("label_skew needs labels")
         perm = perm[torch.argsort(labels[perm], stable=True)]
     elif heterogeneity != "iid":
-        raise ValueError(f"unknown heterogeneity {heterogeneity!r}; use 'iid' or 'label_skew'")
+        raise ValueError(f"unknown heterogeneity {heterogeneity!r}; use one of {HETEROGENEITY}")
     size = n // n_workers
     return [perm[i * size:(i + 1) * size] for i in range(n_workers)]
 

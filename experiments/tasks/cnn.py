@@ -37,7 +37,7 @@ from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
 from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
 from .cifar10 import data_identity as _source_identity
 from ..run.runs import REPO
-from . import HETEROGENEITY, Built, resolved, settings, split
+from . import Built, check_heterogeneity, resolved, settings, split
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -229,9 +229,7 @@ def data_identity(cfg: DictConfig) -> str | None:
 def check(cfg: DictConfig) -> None:
     """The CNN task's own checks (before any data is loaded)."""
     cfg = resolved(cfg)
-    if cfg.task.heterogeneity not in HETEROGENEITY:
-        raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
-                         f"{', '.join(HETEROGENEITY)}")
+    check_heterogeneity(cfg)
     if cfg.eval_every < 0 or (cfg.eval_every and (not cfg.log_every or cfg.eval_every % cfg.log_every)):
         raise ValueError(f"eval_every ({cfg.eval_every}) must be 0 (only at the end) or a multiple "
                          f"of log_every ({cfg.log_every}): test metrics are computed on logged rows")

@@ -30,11 +30,9 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..run.runs import REPO
-from . import LIBSVM_URL, DataCorruptError, libsvm_file, locate_libsvm, sha256, verify
-from ..run.runs import atomic_write_text
-from ..run.runs import ConfigError
-from . import HETEROGENEITY, Built, resolved, settings, split
+from ..run.runs import REPO, ConfigError, atomic_write_text
+from . import (LIBSVM_URL, Built, DataCorruptError, check_heterogeneity, libsvm_file,
+               locate_libsvm, resolved, settings, sha256, split, verify)
 
 N_FEATURES = 123
 log = logging.getLogger("experiments.run")
@@ -208,9 +206,7 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
 def check(cfg) -> None:
     """The a5a task's own checks (the dataset file is looked for when the data is loaded)."""
     cfg = resolved(cfg)
-    if cfg.task.heterogeneity not in HETEROGENEITY:
-        raise ValueError(f"task.heterogeneity={cfg.task.heterogeneity}: choose one of "
-                         f"{', '.join(HETEROGENEITY)}")
+    check_heterogeneity(cfg)
     if not 0 <= cfg.task.l2 < math.inf:
         raise ValueError(f"task.l2={cfg.task.l2}: must be a finite number >= 0")
 
