@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from analysis.statistics import group_runs, load_runs, log_area, write_csv
+from experiments.run.runs import atomic_write_text
 
 CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of uplink cost "
              "in [0, {budget:g}] (area under the log curve)")
@@ -110,7 +111,7 @@ def main(argv=None):
         end = scored_range(group, budget)
         crit = criterion if end == budget else CRITERION.format(metric=args.metric, budget=end) + \
             f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
-        (out / f"{name}.yaml").write_text(tuned_yaml(cfg, score, crit, args.sweep))
+        atomic_write_text(out / f"{name}.yaml", tuned_yaml(cfg, score, crit, args.sweep))
         print(f"{name:18s} score {score:8.4f} over {len(group)} seed(s)  method {cfg['method']}  "
               f"compressor {cfg['compressor']}")
         chosen = {f"method.{k}": v for k, v in cfg["method"].items() if k != "name"}

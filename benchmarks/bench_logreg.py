@@ -21,6 +21,7 @@ import torch
 import gluon
 import gluon.methods as gm
 from experiments.tasks import libsvm_file, split
+from experiments.run.runs import atomic_write_text
 from experiments.tasks.logreg import LogRegOracle, load_libsvm
 
 SETTINGS = {
@@ -105,7 +106,7 @@ def main(argv=None):
     print("\n" + text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        atomic_write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import cnn_widths
+from experiments.run.runs import atomic_write_text
 from experiments.tasks.cnn import ieee_fp32, precision_settings
 from gluon.comm import TRAFFIC
 
@@ -619,7 +620,7 @@ def main(argv=None) -> int:
     report["status"] = "failed" if checks.failures else "ok"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    atomic_write_text(out, json.dumps(report, indent=1, default=str) + "\n")
     print(f"wrote {out} ({report['wall_s']:.0f} s)")
     if checks.failures:
         bar = "!" * 78

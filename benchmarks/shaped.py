@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import subprocess
@@ -349,17 +350,19 @@ def measure(args) -> None:
     load = os.getloadavg()
     what = {"logreg": "a5a", "cnn": "CIFAR-10 airbench94, CPU profile"}[args.task]
     metric = {"gap": "f - f*", "loss": "training loss (512 fixed images)"}[spec.metric]
-    with open(out, "w", newline="") as fh:
-        fh.write(f"# {what}, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
-                 f"seed {args.seed}; target {metric} <= {target:g} (evaluated every "
-                 f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
-                 f"{load[1]:.1f}/{load[2]:.1f} after the runs; compute: {compute.source}; "
-                 f"python -m benchmarks.shaped measure\n")
-        w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
+    from experiments.run.runs import atomic_write_text
+    fh = io.StringIO(newline="")
+    fh.write(f"# {what}, n = 2 gloo processes in 2 network namespaces, each uplink HTB-shaped; "
+             f"seed {args.seed}; target {metric} <= {target:g} (evaluated every "
+             f"{args.eval_every} steps); {os.cpu_count()} cores, load {load[0]:.1f}/"
+             f"{load[1]:.1f}/{load[2]:.1f} after the runs; compute: {compute.source}; "
+             f"python -m benchmarks.shaped measure\n")
+    w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
+    w.writeheader()
+    w.writerows(out_rows)
+    atomic_write_text(out, fh.getvalue())
     net_out = out.parent / ("network.json" if args.task == "logreg" else f"{out.stem}_network.json")
-    net_out.write_text(json.dumps(network, indent=2) + "\n")
+    atomic_write_text(net_out, json.dumps(network, indent=2) + "\n")
     print(f"wrote {out} and {net_out}")
 
 
