@@ -74,12 +74,12 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 
 tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
 	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) experiment=tune_fig2/$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep results/sweeps/tune_fig2 --out $(TUNED_LOGREG) \
+	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg tune_fig2/gluon) --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
 tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
 	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) experiment=tune_fig2_cnn/$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep results/sweeps/tune_fig2_cnn --out $(TUNED_CNN) \
+	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn tune_fig2_cnn/gluon) --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
 fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
@@ -144,14 +144,14 @@ fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 2
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
-CNN_GAP = results/sweeps/cnn_gap
 cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
 	for m in gluon alg1 alg1_edges alg1_b64 alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep $(CNN_GAP)/tune --out configs/tuned/cnn_gap --metric loss \
+	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn cnn_gap/tune_gluon) \
+	  --out configs/tuned/cnn_gap --metric loss \
 	  --table results/cnn_gap/tune_scores.csv
 	$(CNN_SWEEP) experiment=cnn_gap/panel
 	$(CNN_SWEEP) experiment=cnn_gap/panel tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
-	  max_grads=$$($(PY) -m paper.cnn_gap grads-cap --sweep $(CNN_GAP)/panel)   # EF21-Muon at Alg. 1's compute
+	  max_grads=$$($(PY) -m paper.cnn_gap grads-cap)   # EF21-Muon at Alg. 1's compute
 	$(CNN_SWEEP) experiment=cnn_gap/panel_old
 	$(CNN_SWEEP) experiment=cnn_gap/budget
 	$(CNN_SWEEP) experiment=cnn_gap/width32

@@ -24,6 +24,13 @@ def counted(self, *a, **k):
     composed.append(1)
     return load(self, *a, **k)
 ConfigLoaderImpl.load_configuration = counted
+validated = []                    # calls of experiments.run.config.validate (no import here:
+def profile(frame, event, arg):   # the trace must load what the run loads, in its order)
+    code = frame.f_code
+    if event == "call" and code.co_name == "validate" and \
+            code.co_filename.endswith("experiments/run/config.py"):
+        validated.append(1)
+sys.setprofile(profile)
 repo = Path.cwd().resolve()
 sys.argv = ["experiments.logreg", "method=gluon", "steps=2", "wandb.mode=disabled",
             "hydra.run.dir=" + sys.argv[1]]
@@ -39,7 +46,8 @@ for m in list(sys.modules.values()):
         if p.name == "__init__.py" and not p.read_text().strip():
             continue
         files.add(str(p.relative_to(repo)))
-print(json.dumps({"files": sorted(files), "compositions": len(composed)}))
+print(json.dumps({"files": sorted(files), "compositions": len(composed),
+                  "validations": len(validated)}))
 """
 
 
@@ -63,6 +71,7 @@ def test_the_documented_run_path_is_what_a_run_loads(tmp_path):
     assert (tmp_path / "run" / "summary.json").exists()
     # the check before hydra writes anything composes once; hydra.main twice (mode, then run)
     assert trace["compositions"] == 3, trace["compositions"]
+    assert trace["validations"] == 1, trace["validations"]      # by the check, not again
 
 
 def test_the_library_imports_nothing_above_it():
@@ -113,3 +122,16 @@ def test_the_lmo_defaults_live_in_the_library_alone():
     for key, value in LMO_DEFAULTS.items():
         assert re.search(rf"^{key}: \$\{{gluon_lmo_default:{key}\}}", text, flags=re.M), key
         assert task[key] == value and type(task[key]) is type(value), key
+
+
+def test_the_makefile_takes_sweep_folders_from_the_experiment_configs(capsys):
+    """No recipe names a sweep's folder (results/sweeps/<name>): it asks the experiment's config
+    (`python -m experiments.run.sweep dir`), which prints the folder hydra's sweep writes."""
+    from experiments.run.config import compose
+    from experiments.run.sweep import main
+    recipes = [line for line in (REPO / "Makefile").read_text().splitlines()
+               if line.startswith("\t") and "results/sweeps/" in line]
+    assert all("rm -rf" in line or "usage:" in line for line in recipes), recipes
+    main(["dir", "cnn", "cnn_gap/tune_alg2"])
+    cfg = compose("cnn", "experiment=cnn_gap/tune_alg2", hydra=True)
+    assert capsys.readouterr().out.strip() == str(cfg.hydra.sweep.dir) == "results/sweeps/cnn_gap/tune"

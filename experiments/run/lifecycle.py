@@ -20,7 +20,8 @@ Every entry point (``python -m experiments.logreg``, ``python -m experiments.cnn
    unreadable), and a folder that holds another run (:func:`other_run`).
 2. **The job** (:func:`run_hydra_job`): joins the process world, runs :func:`execute`; inside a
    multirun a failing run is recorded and the sweep goes on.
-3. **The run** (:func:`execute`): validates and locks the folder, then three steps:
+3. **The run** (:func:`execute`): locks the folder (and validates the config when it was not
+   checked already: scripts and tests), then three steps:
    :func:`_start` (refuse another run's folder, skip a finished run, build the task, resume),
    :func:`_train` (rows, checkpoints, signals) and :func:`_finish` (summary, checkpoint kept or
    removed).
@@ -80,7 +81,7 @@ from gluon import train
 from gluon.distributed import World, close_world, open_world
 
 from . import runs
-from .config import ConfigError, resolved, validate
+from .config import ConfigError, build_compressor, check_env, resolved, validate
 from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard,
                      checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
                      set_rng_state)
@@ -215,9 +216,9 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     logging.raiseExceptions = False
     try:
         if not multirun:
-            return execute(cfg, run_dir, task, world)
+            return execute(cfg, run_dir, task, world, _checked(plain_cfg))
         try:
-            return execute(cfg, run_dir, task, world)
+            return execute(cfg, run_dir, task, world, _checked(plain_cfg))
         except EnvironmentProblem as e:       # left unfinished: the sweep report lists it
             log.error("[stopped] %s: %s", run_dir, str(e).replace("\n ", ""))
             return {"status": "stopped", "error": str(e)}
@@ -236,6 +237,17 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     finally:
         if not multirun:
             close_world(world)
+
+
+def _checked(cfg: DictConfig):
+    """The compressor of a job's config, validated before hydra wrote anything: by the command
+    line's check (one run) or by the sweeper (every job of a sweep). What a launcher's job may
+    still lack is its process world (SLURM starts the workers after that check): that alone is
+    checked again here."""
+    problem = check_env(str(cfg.get("comm", "sim")), cfg.n_workers)
+    if problem:
+        raise ConfigError(problem)
+    return build_compressor(cfg.compressor)
 
 
 def _fresh(run_dir: Path) -> bool:
@@ -275,9 +287,14 @@ def _to_file_logs(message: str) -> None:
 
 # -------------------------------- 3. the run: start (or skip, or resume), train, finish
 
-def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None) -> dict:
+def execute(cfg: DictConfig, run_dir: str | Path, task, world: World | None = None,
+            compressor=None) -> dict:
+    """The run of ``cfg`` in ``run_dir``. ``compressor``: the one built from a config already
+    validated (by the command line or the sweeper); without it (scripts, tests) ``cfg`` is
+    validated here, before any compute."""
     run_dir = Path(run_dir)
-    compressor = validate(cfg, task)          # bad input fails here, before any compute
+    if compressor is None:
+        compressor = validate(cfg, task)
     cfg = resolved(cfg)                          # resolved, enums as strings
     world = world or World(dense=cfg.dense_collective)   # the simulation counts its traffic
     config = OmegaConf.to_container(cfg)

@@ -98,15 +98,24 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     return slurm._make_submission_file_text(slurm._submitit_command_str, "preview")
 
 
+USAGE = """usage: python -m experiments.run.sweep sbatch CONFIG [OVERRIDES...]
+         print the sbatch script, e.g. sbatch logreg launcher=slurm seed=0,1,2
+       python -m experiments.run.sweep dir CONFIG EXPERIMENT
+         print the folder an experiment's sweep writes, e.g. dir logreg tune_fig2/gluon"""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """python -m experiments.run.sweep sbatch CONFIG [OVERRIDES...]: print the sbatch script."""
+    """The sbatch script of a sweep, or the folder an experiment's sweep writes (from its
+    config, so that the Makefile names no sweep folder of its own)."""
     import sys
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2 or args[0] != "sbatch":
-        raise SystemExit("usage: python -m experiments.run.sweep sbatch CONFIG [OVERRIDES...]\n"
-                         "  e.g. python -m experiments.run.sweep sbatch logreg launcher=slurm "
-                         "seed=0,1,2")
-    print(sbatch_script(args[1], args[2:]))
+    if len(args) >= 2 and args[0] == "sbatch":
+        print(sbatch_script(args[1], args[2:]))
+    elif len(args) == 3 and args[0] == "dir":
+        from .config import sweep_dir
+        print(sweep_dir(args[1], args[2]))
+    else:
+        raise SystemExit(USAGE)
 
 
 if __name__ == "__main__":
