@@ -51,7 +51,8 @@ def select(runs, metric: str, budget: float):
         name = cfg["method"]["name"]
         end = scored_range(group, budget)
         score = log_area(group, metric, end)
-        table.append({"method": name, "score": score, "range": end, "seeds": len(group),
+        # 12 significant digits: the last bits of a mean differ between CPUs (SIMD summation order)
+        table.append({"method": name, "score": float(f"{score:.12g}"), "range": end, "seeds": len(group),
                       "compressor": cfg["compressor"]["name"],
                       **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
                       **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})
