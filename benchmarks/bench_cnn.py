@@ -29,7 +29,7 @@ import torch
 
 from benchmarks import cnn_widths
 from experiments.tasks.cifar10 import Cifar
-from experiments.tasks.cnn import build
+from experiments.tasks.cnn import build, cpu_has_native_bf16
 from experiments.run.runs import atomic_write_text
 from experiments.run.config import compose, validate
 from experiments.tasks import resolved
@@ -180,6 +180,12 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_features() -> str:
+    """The CPU's vector capability and whether it has native bf16: the fast path depends on it."""
+    return (f"{torch.backends.cpu.get_cpu_capability()}, native bf16 "
+            f"{'yes' if cpu_has_native_bf16() else 'no'}")
+
+
 def machine_line(args, n_params: int | None) -> str:
     load = ", load %.1f/%.1f/%.1f" % os.getloadavg() if hasattr(os, "getloadavg") else ""
     w = "/".join(map(str, args.widths))
@@ -189,7 +195,7 @@ def machine_line(args, n_params: int | None) -> str:
             f"q = {args.q}, B = {args.B}, RandK/TopK 1%, lr 0.05, beta 0.9, "
             f"{'CIFAR-10' if args.real else 'random uint8 images'}; {args.steps} steps after "
             f"{args.warmup} warm-up, {args.threads} thread(s); "
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores{load}, "
+            f"{platform.processor() or platform.machine()} ({cpu_features()}), {os.cpu_count()} cores{load}, "
             f"torch {torch.__version__}")
 
 
@@ -237,7 +243,7 @@ def main(argv=None):
         text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU for "
                 f"gradients and evaluation; Delta stays fp32), n = 4, batch 16, q = {args.q}, "
                 f"B = {args.B}, RandK/TopK 1%, {args.threads} thread(s), random uint8 images; "
-                f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores{load}, "
+                f"{platform.processor() or platform.machine()} ({cpu_features()}), {os.cpu_count()} cores{load}, "
                 f"torch {torch.__version__}\n\n" + compare_paths(args))
         print(text)
         if args.out:

@@ -5,6 +5,7 @@ Everything runs on CPU on tiny synthetic data (no network, no dataset needed).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tarfile
 from functools import partial
@@ -338,3 +339,17 @@ def test_cpu_fast_path_keeps_delta_exact_and_gradients_and_losses_close():
             b.method.step()
     l_ref, l_fast = ref.evaluate(ref.method)["loss"], fast.evaluate(fast.method)["loss"]
     assert l_fast != l_ref and abs(l_fast / l_ref - 1) < 0.05
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_cpu_fast_path_warns_where_bf16_is_emulated(native, monkeypatch, caplog):
+    """On a CPU without native bf16 (AVX2 only) the fast path is emulated and several times
+    slower than fp32: the run says so when it starts, and only there."""
+    monkeypatch.setattr(cnn_task, "cpu_has_native_bf16", lambda: native)
+    cfg = cfg_for("method=gluon", "compressor=identity", "task.widths=[8,16,16]", "n_workers=2",
+                  "steps=1", "eval_every=0", "task.eval_train=32", "task.eval_test=16",
+                  "device=cpu", "task.amp_cpu=true")
+    with caplog.at_level(logging.WARNING, logger="experiments.run"):
+        build(cfg, validate(cfg), data=synthetic(n_train=64))
+    warned = [r for r in caplog.records if "without native bf16" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)

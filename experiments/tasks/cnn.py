@@ -21,6 +21,7 @@ What a logged row holds:
 """
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def ieee_fp32():
     finally:
         for (o, n, _, _), v in zip(knobs, old):
             setattr(o, n, v)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), which the CPU fast path
+    (``task.amp_cpu``) needs to be fast: elsewhere (AVX2 only) bf16 is emulated."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 class CifarOracle(ModuleOracle):
@@ -259,6 +266,11 @@ def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) ->
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     amp = bool(t.amp) and (device.type == "cuda" or bool(t.get("amp_cpu")))
+    if amp and device.type == "cpu" and not cpu_has_native_bf16():
+        logging.getLogger("experiments.run").warning(
+            "[task] task.amp_cpu=true on a CPU without native bf16 (%s; no AVX512-BF16 or AMX): "
+            "bf16 is emulated there and the fast path runs several times slower than fp32 "
+            "(docs/cnn.md)", torch.backends.cpu.get_cpu_capability())
 
     comm = world.comm(cfg.n_workers, cfg.seed) if world is not None else None
     ranks = comm.local_workers if comm is not None else range(cfg.n_workers)
