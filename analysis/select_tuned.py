@@ -52,7 +52,8 @@ def select(runs, metric: str, budget: float):
         end = scored_range(group, budget)
         score = log_area(group, metric, end)
         # 12 significant digits: the last bits of a mean differ between CPUs (SIMD summation order)
-        table.append({"method": name, "score": float(f"{score:.12g}"), "range": end, "seeds": len(group),
+        table.append({"method": name, "score": float(f"{score:.12g}"), "range": end,
+                      "seeds": len(group),
                       "compressor": cfg["compressor"]["name"],
                       **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
                       **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})

@@ -195,7 +195,8 @@ def machine_line(args, n_params: int | None) -> str:
             f"q = {args.q}, B = {args.B}, RandK/TopK 1%, lr 0.05, beta 0.9, "
             f"{'CIFAR-10' if args.real else 'random uint8 images'}; {args.steps} steps after "
             f"{args.warmup} warm-up, {args.threads} thread(s); "
-            f"{platform.processor() or platform.machine()} ({cpu_features()}), {os.cpu_count()} cores{load}, "
+            f"{platform.processor() or platform.machine()} ({cpu_features()}), "
+            f"{os.cpu_count()} cores{load}, "
             f"torch {torch.__version__}")
 
 
@@ -243,7 +244,8 @@ def main(argv=None):
         text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU for "
                 f"gradients and evaluation; Delta stays fp32), n = 4, batch 16, q = {args.q}, "
                 f"B = {args.B}, RandK/TopK 1%, {args.threads} thread(s), random uint8 images; "
-                f"{platform.processor() or platform.machine()} ({cpu_features()}), {os.cpu_count()} cores{load}, "
+                f"{platform.processor() or platform.machine()} ({cpu_features()}), "
+                f"{os.cpu_count()} cores{load}, "
                 f"torch {torch.__version__}\n\n" + compare_paths(args))
         print(text)
         if args.out:
