@@ -47,11 +47,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install the project with its pinned dependencies
 
-test: $(STAMP)  ## run the test suite (fast tests; a few minutes on 2 cores)
-	$(PY) -m pytest -q
+# Test processes (pytest-xdist; auto: one per core). A test file stays in one process, so the
+# tests of one file never race on what they share (the shaped-network namespace, module fixtures).
+TEST_JOBS ?= auto
+test: $(STAMP)  ## run the test suite (fast tests; about 11 minutes on 2 cores)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
-	$(PY) -m pytest -q -m 'slow or not slow'
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m 'slow or not slow'
 
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m benchmarks.bench_logreg
