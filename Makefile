@@ -156,7 +156,9 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 	$(CNN_SWEEP) experiment=cnn_gap/panel tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
 	  max_grads=$$($(PY) -m paper.cnn_gap grads-cap)   # EF21-Muon at Alg. 1's compute
 	$(CNN_SWEEP) experiment=cnn_gap/panel_old
-	$(CNN_SWEEP) experiment=cnn_gap/budget
+	$(CNN_SWEEP) experiment=cnn_gap/budget tuned=cnn_gap/gluon
+	$(CNN_SWEEP) experiment=cnn_gap/budget tuned=cnn_gap/alg1,cnn_gap/alg2 \
+	  max_comm=$$($(PY) -m paper.cnn_gap budget-rule)   # to where Gluon's loss flattens, <= 2,000
 	$(CNN_SWEEP) experiment=cnn_gap/width32
 	$(CNN_SWEEP) experiment=cnn_gap/width64
 	for m in gluon alg1 alg2; do $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \

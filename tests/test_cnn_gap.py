@@ -95,3 +95,43 @@ def test_runs_to_a_longer_budget_must_repeat_the_shorter_runs(study):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SystemExit, match="do not repeat"):
         cnn_gap.aggregate()
+
+
+def test_a_condition_is_read_up_to_the_shortest_budget_of_its_methods(study):
+    """Gluon runs the budget condition to 2,000 units, the other methods to the rule's budget:
+    the condition is measured at the shorter budget, exactly as if Gluon had stopped there."""
+    long_, short = np.arange(0, 2001, 2.0), np.arange(0, 1001, 2.0)
+
+    def decomposition(gluon_comm):
+        for seed in range(5):
+            jitter = 1 + 0.02 * (seed - 2)
+            write_run(cnn_gap.SWEEPS, "budget", "gluon", seed, gluon_comm,
+                      gluon_loss(gluon_comm * jitter), budget=float(gluon_comm[-1]))
+            for m, f in (("alg1", 0.6), ("alg2", 0.5)):
+                write_run(cnn_gap.SWEEPS, "budget", m, seed, short, gluon_loss(short / f * jitter),
+                          budget=1000.0)
+        cnn_gap.aggregate()
+        import shutil
+        shutil.rmtree(cnn_gap.SWEEPS / "budget")
+        return [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+                if r["condition"] == "budget"]
+
+    to_2000, to_1000 = decomposition(long_), decomposition(short)
+    assert to_2000 and to_2000 == to_1000
+    assert {r["budget"] for r in to_2000} == {1000.0}
+
+
+def test_the_budget_rule_stops_where_gluons_loss_flattens_or_at_gluons_budget(tmp_path):
+    comm = np.arange(0, 2001, 2.0)
+    for seed in range(3):
+        write_run(tmp_path / "flat", "budget", "gluon", seed, comm, gluon_loss(comm), budget=2000.0)
+        # a power law falls by the same 4.4% over every [0.8c, c]: never flat enough
+        write_run(tmp_path / "falling", "budget", "gluon", seed, comm, 3.0 * (1 + comm) ** -0.2,
+                  budget=2000.0)
+    c = cnn_gap.budget_rule(tmp_path / "flat" / "budget")
+    # 0.8 + 1.5 exp(-c/150) falls < 2% over [0.8c, c] from c = 762 on (smoothed: about the same)
+    drop = lambda c: 1 - gluon_loss(c) / gluon_loss(0.8 * c)
+    assert c % 10 == 0 and drop(c + 20) < 0.02 < drop(c - 30)
+    assert cnn_gap.budget_rule(tmp_path / "falling" / "budget") == 2000   # never flat: the cap
+    with pytest.raises(SystemExit, match="no finished Gluon runs"):
+        cnn_gap.budget_rule(tmp_path / "none")
