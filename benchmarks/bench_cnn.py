@@ -2,6 +2,8 @@
 
     python -m benchmarks.bench_cnn [--steps 200] [--methods gluon alg1 alg2 ef21_muon] [--threads 1]
                                 [--widths 16 64 64] [--out results/bench/cnn.md]
+    python -m benchmarks.bench_cnn --paths ...                  # reference vs CPU fast path
+    python -m benchmarks.bench_cnn --chunks 1024 256 --B 64 ... # large-batch gradient by max_chunk
 
 Builds the CIFAR-10 task as ``experiments.cnn`` does at the CPU profile by default (airbench94
 with widths 16/64/64, n = 4 workers, batch 16, one thread, LMOs assigned by the Scion rule;
@@ -223,6 +225,36 @@ def compare_paths(args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_chunks(args) -> str:
+    """CPU seconds of one large-batch gradient (Alg. 1/2's g on a sync: ``--B`` minibatches of
+    16 at one point) by ``task.max_chunk``, the most images per forward pass, at ``--widths``.
+    The chunk sizes alternate over ``--rounds`` rounds so that a change in the machine's load
+    hits all of them; the median round is reported. With ghost-batch BN every chunking computes
+    the same mean gradient (to float rounding)."""
+    cfg = config("alg1", 1, args.threads, args.q, args.B, args.widths)
+    torch.set_num_threads(args.threads)
+    built = build(cfg, validate(cfg), data=None if args.real else random_data())
+    method = built.method
+    oracle = method.workers[0].oracle
+    batch = oracle.sample(torch.Generator().manual_seed(0), args.B)
+    times: dict[int, list[float]] = defaultdict(list)
+    oracle.grad(method.params, batch)                       # warm-up
+    for _ in range(args.rounds):
+        for chunk in args.chunks:
+            oracle.max_chunk = max(16, chunk // 16 * 16)
+            c0 = time.process_time()
+            oracle.grad(method.params, batch)
+            times[chunk].append(time.process_time() - c0)
+    med = {c: sorted(v)[len(v) // 2] for c, v in times.items()}
+    ref = med[args.chunks[0]]
+    lines = [f"| widths | B (images) | max_chunk | CPU s per large-batch gradient (median of "
+             f"{args.rounds}) | vs {args.chunks[0]} |", "|---|---|---:|---:|---:|"]
+    for c in args.chunks:
+        lines.append(f"| {'/'.join(map(str, args.widths))} | {args.B} ({16 * args.B}) | {c} | "
+                     f"{med[c]:.2f} | {ref / med[c]:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=PANEL, choices=list(SETTINGS))
@@ -238,7 +270,21 @@ def main(argv=None):
     p.add_argument("--paths", action="store_true",
                    help="instead: reference vs fast path (task.amp_cpu), ms per step at both widths")
     p.add_argument("--path-steps", type=int, default=0, help="steps per path (0: 60 / 12 by width)")
+    p.add_argument("--chunks", type=int, nargs="+", default=None,
+                   help="instead: CPU time of one large-batch gradient (--B minibatches) by "
+                        "task.max_chunk, e.g. --chunks 1024 512 256 128")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of --chunks")
     args = p.parse_args(argv)
+    if args.chunks:
+        load = ", load %.1f/%.1f/%.1f" % os.getloadavg()
+        text = (f"One large-batch gradient by `task.max_chunk` (images per forward pass), "
+                f"{args.threads} thread(s), random uint8 images; "
+                f"{platform.processor() or platform.machine()} ({cpu_features()}), "
+                f"{os.cpu_count()} cores{load}, torch {torch.__version__}\n\n" + compare_chunks(args))
+        print(text)
+        if args.out:
+            atomic_write_text(args.out, text)
+        return
     if args.paths:
         load = ", load %.1f/%.1f/%.1f" % os.getloadavg()
         text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU for "
