@@ -50,7 +50,7 @@ install: $(STAMP)  ## create .venv and install the project with its pinned depen
 # Test processes (pytest-xdist; auto: one per core). A test file stays in one process, so the
 # tests of one file never race on what they share (the shaped-network namespace, module fixtures).
 TEST_JOBS ?= auto
-test: $(STAMP)  ## run the test suite (fast tests; about 11 minutes on 2 cores)
+test: $(STAMP)  ## run the test suite (fast tests; about 12 minutes on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
