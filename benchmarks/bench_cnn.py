@@ -275,24 +275,18 @@ def main(argv=None):
                         "task.max_chunk, e.g. --chunks 1024 512 256 128")
     p.add_argument("--rounds", type=int, default=5, help="rounds of --chunks")
     args = p.parse_args(argv)
-    if args.chunks:
-        load = ", load %.1f/%.1f/%.1f" % os.getloadavg()
-        text = (f"One large-batch gradient by `task.max_chunk` (images per forward pass), "
-                f"{args.threads} thread(s), random uint8 images; "
-                f"{platform.processor() or platform.machine()} ({cpu_features()}), "
-                f"{os.cpu_count()} cores{load}, torch {torch.__version__}\n\n" + compare_chunks(args))
-        print(text)
-        if args.out:
-            atomic_write_text(args.out, text)
-        return
-    if args.paths:
-        load = ", load %.1f/%.1f/%.1f" % os.getloadavg()
-        text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU for "
-                f"gradients and evaluation; Delta stays fp32), n = 4, batch 16, q = {args.q}, "
-                f"B = {args.B}, RandK/TopK 1%, {args.threads} thread(s), random uint8 images; "
-                f"{platform.processor() or platform.machine()} ({cpu_features()}), "
-                f"{os.cpu_count()} cores{load}, "
-                f"torch {torch.__version__}\n\n" + compare_paths(args))
+    if args.chunks or args.paths:
+        machine = (f"{args.threads} thread(s), random uint8 images; "
+                   f"{platform.processor() or platform.machine()} ({cpu_features()}), "
+                   f"{os.cpu_count()} cores, load %.1f/%.1f/%.1f, torch {torch.__version__}"
+                   % os.getloadavg())
+        if args.chunks:
+            text = (f"One large-batch gradient by `task.max_chunk` (images per forward pass), "
+                    f"{machine}\n\n" + compare_chunks(args))
+        else:
+            text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU "
+                    f"for gradients and evaluation; Delta stays fp32), n = 4, batch 16, "
+                    f"q = {args.q}, B = {args.B}, RandK/TopK 1%, {machine}\n\n" + compare_paths(args))
         print(text)
         if args.out:
             atomic_write_text(args.out, text)
