@@ -122,7 +122,7 @@ def budget_check(groups: dict[str, list[Run]]) -> dict:
 
 
 def budget_rule(sweep: Path) -> int:
-    """The budget condition's budget for the compressed methods (the issue's rule): the first
+    """The budget condition's budget for the compressed methods (its stopping rule): the first
     budget c at which Gluon's smoothed loss fell less than 2% over [0.8 c, c] in every seed
     (``budget_check``), or Gluon's own budget (2,000 units) if the rule never held."""
     gluon = [r for r in load_runs(sweep) if r.config["method"]["name"] == "gluon"]
