@@ -230,3 +230,57 @@ def test_resume_with_rows_aligned_on_uplink_is_bit_identical(tmp_path, results, 
     execute(config(*overrides), tmp_path / "run", task)
     assert_same_run(tmp_path / "ref", tmp_path / "run")
     assert rows(tmp_path / "ref") > 20
+
+
+# ---------------------------------------------------------------- extending a finished run
+
+EXTEND = ["steps=2000", "log_every=0", "log_comm=0.5", "checkpoint_every=0"]
+
+
+@pytest.mark.parametrize("algorithm", [["method=alg2", "compressor=topk"],
+                                       ["method=alg1", "compressor=randk"]], ids=["alg2", "alg1"])
+def test_a_run_extended_from_its_shorter_twin_equals_the_run_made_in_one_go(
+        tmp_path, results, algorithm, caplog):
+    """extend_from: a run on a larger uplink budget starts from the final state of the same run
+    on a smaller one (its rows copied) and ends bit for bit where the run made from step 0 ends;
+    its summary names the twin. The budget is the only key allowed to differ."""
+    base = [*algorithm, *EXTEND, f"results_dir={results}"]
+    short = tmp_path / "sweep" / "short"
+    execute(config(*base, "max_comm=10", "keep_checkpoint=true"), short, task)
+    execute(config(*base, "max_comm=25", "keep_checkpoint=true"), tmp_path / "ref", task)
+    # another run in the folder (another seed) is not this run's twin
+    execute(config(*base, "max_comm=10", "keep_checkpoint=true", "seed=7"),
+            tmp_path / "sweep" / "other", task)
+    caplog.set_level(logging.INFO, logger="experiments.run")
+    execute(config(*base, "max_comm=25", "keep_checkpoint=true",
+                   f"extend_from={tmp_path / 'sweep'}"), tmp_path / "long", task)
+    assert_same_run(tmp_path / "ref", tmp_path / "long")
+    s = read_summary(tmp_path / "long")
+    assert s["extended_from"] == str(short) and s["resumed"] is True
+    k_short = read_summary(short)["steps_done"]
+    assert 0 < k_short < s["steps_done"]
+    assert f"from {short} at step {k_short}" in caplog.text
+    assert (tmp_path / "long" / "metrics.jsonl").read_bytes().startswith(
+        (short / "metrics.jsonl").read_bytes())
+
+
+def test_a_twin_that_is_not_a_prefix_is_passed_over_and_the_run_starts_from_step_0(
+        tmp_path, results, caplog):
+    """No final checkpoint, a budget that is not a multiple of log_comm (its last row is one the
+    longer run does not log), or another setting: the run starts from step 0, says why, and is
+    still the run made in one go."""
+    base = ["method=alg1", "compressor=randk", *EXTEND, f"results_dir={results}"]
+    sweep = tmp_path / "sweep"
+    execute(config(*base, "max_comm=10"), sweep / "no_checkpoint", task)
+    execute(config(*base, "max_comm=10.3", "keep_checkpoint=true"), sweep / "off_grid", task)
+    execute(config(*base, "max_comm=10", "keep_checkpoint=true", "method.lr=0.5"),
+            sweep / "other_lr", task)
+    execute(config(*base, "max_comm=20"), tmp_path / "ref", task)
+    caplog.set_level(logging.INFO, logger="experiments.run")
+    execute(config(*base, "max_comm=20", f"extend_from={sweep}"), tmp_path / "long", task)
+    assert metrics_bytes(tmp_path / "ref") == metrics_bytes(tmp_path / "long")
+    s = read_summary(tmp_path / "long")
+    assert s["extended_from"] is None and s["resumed"] is False
+    assert "no final checkpoint" in caplog.text
+    assert "not one this run logs" in caplog.text
+    assert "other_lr" not in caplog.text          # another run: not a candidate at all

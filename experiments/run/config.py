@@ -92,7 +92,9 @@ class RunConf:
     threads: int = 1
     group: Optional[str] = None
     checkpoint_every: int = MISSING     # steps between checkpoints (each entry point's yaml)
-    keep_checkpoint: bool = False
+    keep_checkpoint: bool = False       # a finished run keeps its final state (extend_from reads it)
+    extend_from: Optional[str] = None   # a folder of finished runs (a sweep's): start from the one
+                                        # that is this run on a smaller budget (lifecycle._extension)
     comm: CommKind = CommKind.sim       # sim | torchdist (one worker per process)
     dense_collective: DenseCollective = DenseCollective.all_reduce
     progress_s: float = 10.0            # seconds of wall time between progress lines (0: none)

@@ -42,6 +42,9 @@ intact, else recomputed), after a line that says so; "failed" (an exception) is 
 scratch, its checkpoint deleted; a preempted run has no summary, only its checkpoint, and
 resumes. A finished run's checkpoint is deleted, unless ``keep_checkpoint`` is set: it then
 holds the final state. Temporary files left by killed checkpoint writes are removed at the end.
+With ``extend_from`` (a folder of finished runs), a run that has nothing to resume starts from
+the final state of its shorter twin there, the same run on a smaller budget (:func:`_extension`):
+a budget only decides when a run stops, so the twin's rows are this run's first rows.
 
 The environment (a full disk, a folder made read-only, data that went missing) stops a run with
 an :class:`~experiments.run.runs.EnvironmentProblem`, never a "failed" summary: the checkpoint
@@ -337,7 +340,8 @@ class Active(NamedTuple):
             "state": state.state_dict() if state is not None else None,
             "rng": rng_state(), "rows": self.record.rows,
             "rows_sha256": self.record.rows_sha256(), "wandb_id": self.record.wandb_id,
-            "train_time": self.elapsed()})
+            "train_time": self.elapsed(),
+            "extended_from": (self.saved or {}).get("extended_from")})
 
 
 def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
@@ -369,6 +373,8 @@ def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict
                        run_dir if world.writer else None)
     if not world.all(saved is not None):
         saved = None                          # resume only when every rank can
+    if saved is None and cfg.get("extend_from") and world.size == 1 and not damaged:
+        saved = _extension(Path(REPO, str(cfg.extend_from)), run_dir, config, data, cfg)
     if damaged:
         log.info("[damaged] %s: %s: %s", where, damaged,
                  f"resuming from its checkpoint at step {saved['method']['k']}" if saved
@@ -462,7 +468,8 @@ def _finish(run: Active, status: str) -> dict:
                                 final={k: v for k, v in last.items()},
                                 comm=method.comm.ledger.cost, bytes=method.comm.ledger.bytes,
                                 train_time=run.elapsed(), dim=method.dim,
-                                resumed=run.saved is not None)
+                                resumed=run.saved is not None,
+                                extended_from=(run.saved or {}).get("extended_from"))
     if run.cfg.get("keep_checkpoint", False):
         run.save()                            # the final state (a finished run never resumes)
     else:
@@ -540,6 +547,73 @@ def _shown(run_dir: Path) -> str:
 
 def _checkpoint_name(world: World) -> str:
     return CHECKPOINT if world.rank == 0 else f"checkpoint.rank{world.rank}.pt"
+
+
+BUDGETS = ("max_comm", "steps", "max_grads")   # the keys an extension may raise
+
+
+def _extension(folder: Path, run_dir: Path, config: dict, data: str | None, cfg) -> dict | None:
+    """Start a run from a shorter twin's final state (``extend_from``: a folder of finished runs,
+    such as a sweep's): a run under ``folder`` that finished "ok" with this run's identity except
+    a smaller budget (:data:`BUDGETS`) and kept its final checkpoint (``keep_checkpoint``).
+
+    The result is the run this config would compute from step 0: the twin's steps are this run's
+    first steps (a budget only decides when a run stops), so its rows are copied and training
+    resumes from its final state. That holds only when the twin's last row is one this run logs
+    too: the twin stopped on an uplink budget that is a multiple of ``log_comm`` (the step
+    crossing it crosses a multiple of ``log_comm``), or at a multiple of ``log_every``. A twin
+    that fails a condition is passed over (logged), and the run starts from step 0.
+
+    Returns the checkpoint to resume from (its config made this run's, ``extended_from`` the
+    twin's folder), or None. The copied rows are written into ``run_dir`` atomically."""
+    mine = {k: v for k, v in (comparable(config) or {}).items() if k not in BUDGETS}
+    for summary_path in sorted(folder.glob("**/" + runs.SUMMARY)):
+        twin = summary_path.parent
+        if twin.resolve() == run_dir.resolve():
+            continue
+        s = read_summary(twin)
+        theirs = comparable((s or {}).get("config"))
+        if not s or theirs is None or {k: v for k, v in theirs.items() if k not in BUDGETS} != mine \
+                or (data is not None and s.get("data_id") not in (None, data)):
+            continue
+        why = _not_a_prefix(twin, s, config)
+        saved = load_checkpoint(twin / CHECKPOINT) if why is None else None
+        if why is None and (saved is None or saved.get("config") != theirs):
+            why = "no final checkpoint of that run (keep_checkpoint was not set)"
+        if why is None and _rows_problem(twin, saved):
+            why = _rows_problem(twin, saved)
+        if why is not None:
+            log.info("[extend] %s: not from %s: %s", _shown(run_dir), _shown(twin), why)
+            continue
+        with open(twin / runs.METRICS, "rb") as fh:
+            rows = b"".join(line for line, _ in zip(fh, range(int(saved["rows"]))))
+        runs.atomic_write(run_dir / runs.METRICS, lambda fh: fh.write(rows))
+        log.info("[extend] %s: from %s at step %d (%d rows copied)", _shown(run_dir),
+                 _shown(twin), saved["method"]["k"], saved["rows"])
+        return {**saved, "config": comparable(config), "job": None, "wandb_id": None,
+                "extended_from": _shown(twin)}
+    return None
+
+
+def _not_a_prefix(twin: Path, s: dict, config: dict) -> str | None:
+    """Why the finished run ``twin`` (summary ``s``) is not the beginning of ``config``'s run,
+    or None: it must have finished "ok" on a smaller budget, with a last row this run logs too."""
+    if runs.status(twin, s) != "ok":
+        return f"its status is {runs.status(twin, s)}, not ok"
+    theirs = s["config"]
+    for key in BUDGETS:
+        a, b = theirs.get(key), config.get(key)
+        if a is not None and (b is None or b < a):
+            return f"its {key} {a} is not below this run's {b}"
+    k, last = int(s.get("steps_done", -1)), s.get("final") or {}
+    log_comm, log_every, max_comm = config.get("log_comm"), config.get("log_every"), theirs.get("max_comm")
+    on_comm = (max_comm is not None and log_comm and last.get("comm", -1) >= max_comm
+               and abs(max_comm / log_comm - round(max_comm / log_comm)) < 1e-9)
+    on_steps = bool(log_every) and k % int(log_every) == 0
+    if not (on_comm or on_steps):
+        return (f"its last row (step {k}) is not one this run logs (it stopped neither on an "
+                "uplink budget that is a multiple of log_comm nor at a multiple of log_every)")
+    return None
 
 
 def _resumable(saved: dict | None, config: dict, overwrite: bool,

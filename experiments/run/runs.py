@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parents[2]     # the checkout: configs/, results
 # the figures use 1). ``results_dir`` says where caches go, ``data_dir`` where the data is found
 # (the data's identity is its content); ``experiment`` is a key of older records.
 OPERATIONAL = ("overwrite", "threads", "wandb", "data_dir", "checkpoint_every",
-               "keep_checkpoint", "group", "comm", "dense_collective", "experiment", "progress_s",
+               "keep_checkpoint", "extend_from", "group", "comm", "dense_collective", "experiment", "progress_s",
                "results_dir")
 MAX_NAME = 160          # characters of a run folder's name (file systems allow 255)
 ID_LENGTH = 10          # hex digits of the identity hash in a folder's name (40 bits)
