@@ -200,10 +200,10 @@ def tuned_lr(method: str) -> float:
 
 def aggregate() -> None:
     decomposition, curve, missing = [], [], []
-    loaded = {}
+    loaded, found = {}, {}
     for cond in CONDITIONS:
         runs = load_runs(SWEEPS / cond.name)
-        groups = by_method(runs) if runs else {}
+        groups = found[cond.name] = by_method(runs) if runs else {}
         if not all(m in groups and groups[m] for m in METHODS):
             missing.append(cond.name)
             continue
@@ -215,16 +215,18 @@ def aggregate() -> None:
     write_csv(decomposition, OUT / "decomposition.csv")
     write_csv(curve, OUT / "levels.csv")
     notes = []
-    if "budget" in loaded:
-        check = budget_check(loaded["budget"])
+    if found.get("budget", {}).get("gluon"):  # the rule's input: Gluon's runs alone
+        check = budget_check(found["budget"])
         write_csv([check], OUT / "budget_check.csv")
         notes.append(f"budget: Gluon's loss falls {100 * check['drop_last_fifth']:.1f}% (95% "
                      f"upper end {100 * check['drop_last_fifth_upper']:.1f}%) over the last fifth "
-                     f"of {check['budget']:g} units; below 2% with confidence from "
-                     f"{check['first_budget_below_2pct']:g}")
-        if "panel" in loaded:
-            ok = same_prefix(sum(loaded["panel"].values(), []), sum(loaded["budget"].values(), []),
-                             float(loaded["panel"]["gluon"][0].config["max_comm"]))
+                     f"of {check['budget']:g} units; below 2% with confidence "
+                     + (f"never: the rule's budget is {check['budget']:g}"
+                        if math.isnan(check["first_budget_below_2pct"])
+                        else f"from {check['first_budget_below_2pct']:g}"))
+        if found.get("panel", {}).get("gluon"):
+            ok = same_prefix(sum(found["panel"].values(), []), sum(found["budget"].values(), []),
+                             float(found["panel"]["gluon"][0].config["max_comm"]))
             notes.append(f"budget runs repeat the panel's rows up to its budget: {ok}")
             if not ok:
                 raise SystemExit("the budget runs do not repeat the panel's runs up to 500 units")
