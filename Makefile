@@ -148,7 +148,7 @@ sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluste
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
 cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
-	for m in gluon alg1 alg1_edges alg1_b64 alg2; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
+	for m in gluon alg1 alg1_edges alg1_b64 alg2 alg2_beta; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
 	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn cnn_gap/tune_gluon) \
 	  --out configs/tuned/cnn_gap --metric loss \
 	  --table results/cnn_gap/tune_scores.csv
