@@ -580,7 +580,7 @@ def _extension(folder: Path, run_dir: Path, config: dict, data: str | None, cfg)
         saved = load_checkpoint(twin / CHECKPOINT) if why is None else None
         if why is None and (saved is None or saved.get("config") != theirs):
             why = "no final checkpoint of that run (keep_checkpoint was not set)"
-        if why is None and _rows_problem(twin, saved):
+        if why is None:
             why = _rows_problem(twin, saved)
         if why is not None:
             log.info("[extend] %s: not from %s: %s", _shown(run_dir), _shown(twin), why)
