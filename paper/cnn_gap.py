@@ -273,7 +273,8 @@ def plot(out: Path = FIG) -> None:
     dec = [r for r in read_csv(OUT / "decomposition.csv") if r["metric"] == "smoothed_first_hit"] \
         if (OUT / "decomposition.csv").exists() else []
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
-    styles = {"alg1": ("C3", "Alg. 1 (RandK 1%)"), "alg2": ("C4", "Alg. 2 (TopK 1%, EF)")}
+    styles = {"alg1": ("C3", "Alg. 1 (RandK 1%)"), "alg2": ("C4", "Alg. 2 (TopK 1%, EF)"),
+              "ef21_muon": ("C2", "EF21-Muon (TopK 1%, at Alg. 1's gradients)")}
     dashes = {"panel_old": ":", "panel": "--", "budget": "-", "width32": "-.", "width64": (0, (5, 1))}
     for cond in CONDITIONS:
         for m, (color, name) in styles.items():
@@ -305,6 +306,10 @@ def plot(out: Path = FIG) -> None:
             bx.errorbar(100 * r["reduction"], y, xerr=[[100 * (r["reduction"] - r["t_low"])],
                                                        [100 * (r["t_high"] - r["reduction"])]],
                         fmt="o", color=color, capsize=3)
+        else:
+            bx.text(0.02, y, f"not reached in {int(r['seeds'] - r['seeds_reached'])} of "
+                    f"{int(r['seeds'])} seeds", color=color, fontsize=8, va="center",
+                    transform=bx.get_yaxis_transform())
         labels.append((y, f"{r['factor'].split(':')[0]} ({r['widths']}, {r['budget']:g}, "
                           f"{int(r['seeds'])} seeds) {r['method']}"))
     bx.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=7)

@@ -29,7 +29,8 @@ def gluon_loss(c):
 @pytest.fixture
 def study(tmp_path, monkeypatch):
     """A 'panel' condition in which Alg. 1 reaches every loss at 0.6x Gluon's uplink and Alg. 2
-    at 0.5x (so reductions of 40% and 50% at every level), with per-seed jitter."""
+    at 0.5x (so reductions of 40% and 50% at every level), with per-seed jitter; EF21-Muon is
+    slower than Gluon and stops (its compute cap) before Gluon's final level."""
     monkeypatch.setattr(cnn_gap, "SWEEPS", tmp_path / "sweeps")
     monkeypatch.setattr(cnn_gap, "OUT", tmp_path / "out")
     comm = np.arange(0, 501, 2.0)
@@ -39,6 +40,8 @@ def study(tmp_path, monkeypatch):
         write_run(cnn_gap.SWEEPS, "panel", "alg1", seed, comm, gluon_loss(comm / 0.6 * jitter),
                   grads=comm * 20 + seed)
         write_run(cnn_gap.SWEEPS, "panel", "alg2", seed, comm, gluon_loss(comm / 0.5 * jitter))
+        short = comm[comm <= 380]
+        write_run(cnn_gap.SWEEPS, "panel", "ef21_muon", seed, short, gluon_loss(short * 0.9 * jitter))
     return tmp_path
 
 
@@ -47,15 +50,17 @@ def test_the_decomposition_measures_a_known_reduction_at_gluons_final_level(stud
     rows = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
             if r["metric"] == "raw_first_hit"]
     got = {r["method"]: r for r in rows}
-    assert set(got) == {"alg1", "alg2"}
+    assert set(got) == {"alg1", "alg2", "ef21_muon"}
+    assert math.isnan(got["ef21_muon"]["reduction"]) and got["ef21_muon"]["seeds_reached"] == 0
     # raw first hits on a 2-unit grid of a curve compressed 0.6x / 0.5x in uplink
     assert got["alg1"]["reduction"] == pytest.approx(0.4, abs=0.01)
     assert got["alg2"]["reduction"] == pytest.approx(0.5, abs=0.01)
-    for r in got.values():
+    for r in (got["alg1"], got["alg2"]):
         assert r["t_low"] <= r["reduction"] <= r["t_high"]
         assert r["seeds"] == 5 and r["condition"] == "panel"
     md = (cnn_gap.OUT / "decomposition.md").read_text()
     assert "panel_old" in md and "without finished runs" in md      # missing conditions are named
+    assert "not reached (0/5)" in md
     cnn_gap.plot(out=study / "fig")
     assert (study / "fig" / "cnn_gap.png").stat().st_size > 10_000
 
