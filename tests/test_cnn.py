@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import tarfile
 from functools import partial
 from pathlib import Path
@@ -353,3 +354,12 @@ def test_the_cpu_fast_path_warns_where_bf16_is_emulated(native, monkeypatch, cap
         build(cfg, validate(cfg), data=synthetic(n_train=64))
     warned = [r for r in caplog.records if "without native bf16" in r.getMessage()]
     assert len(warned) == (0 if native else 1)
+
+
+def test_a_runs_record_names_its_data_folder_relative_to_the_repository_not_the_machine(tmp_path, monkeypatch):
+    from experiments.tasks import cifar10
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    origin = str(tmp_path / "shared" / "data" / "cifar10-jpeg")      # an absolute GLUON_DATA_DIR
+    assert cifar10._shown(origin) == os.path.join("..", "shared", "data", "cifar10-jpeg")
+    assert cifar10._shown("https://example.org/cifar.tar.gz") == "https://example.org/cifar.tar.gz"

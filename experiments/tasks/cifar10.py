@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 import warnings
@@ -70,9 +71,15 @@ class Cifar:
         return LABELS.get(self.source, self.source)
 
     def info(self) -> dict:
-        return {"data": self.label, "data_source": self.source, "data_origin": self.origin,
+        return {"data": self.label, "data_source": self.source, "data_origin": _shown(self.origin),
                 "n_train": len(self.train_y), "n_test": len(self.test_y),
                 **({"data_sha256": self.sources} if self.sources else {})}
+
+
+def _shown(origin: str) -> str:
+    """A local origin as a path relative to the working directory (the repository root a run
+    starts in), so that a run's record names the data folder the same way on every machine."""
+    return origin if "://" in origin else os.path.relpath(origin)
 
 
 # ------------------------------------------------------------------ decoding
