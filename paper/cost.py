@@ -392,10 +392,13 @@ def spend(panel: Panel, level: float) -> str:
 
 
 def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
+    """crossover.csv and crossover.md for ``tasks``; the rows (and the spending table,
+    ``spent_<panel>.md``) of a panel not among them, or without runs here, are kept as they
+    are, so re-costing one panel never drops the other's results."""
     from experiments.run.runs import atomic_write_text
-    from analysis.statistics import write_csv
+    from analysis.statistics import read_csv, write_csv
     measured = measured_network()
-    rows, notes, spent = [], [], []
+    rows, notes, done = [], [], set()
     for task in tasks:
         panel = load_panel(task)
         if not panel.runs:
@@ -404,10 +407,18 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
             continue
         compute = None if compute_source == "measured" else bench_compute(task)
         level = gluon_level(panel)
-        spent.append(spend(panel, level))
+        OUT.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(OUT / f"spent_{PANEL_NAMES[task]}.md", spend(panel, level))
+        done.add(PANEL_NAMES[task])
         for label, net in models(measured):
             rows += crossover_rows(panel, level, net, compute, label)
     OUT.mkdir(parents=True, exist_ok=True)
+    old = read_csv(OUT / "crossover.csv") if (OUT / "crossover.csv").exists() else []
+    kept = [{**r, "seeds": int(r["seeds"]), "seeds_reached": int(r["seeds_reached"])}
+            for r in old if r["task"] not in done]        # counts read back as numbers
+    rows = kept + rows
+    order = list(PANEL_NAMES.values())
+    rows.sort(key=lambda r: order.index(r["task"]) if r["task"] in order else len(order))
     write_csv(rows, OUT / "crossover.csv")
     text = markdown(rows) if rows else ""
     src = measured.get("source", "not measured")
@@ -415,7 +426,8 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
              f"{measured.get('frame_bytes', 0):.0f} bytes a message and hop, h = "
              f"{100 * measured.get('header_share', 0):.1f}% of the payload. Compute: "
              f"{compute_source}. Uplink = downlink.\n")
-    text += "".join(f"\n{t}" for t in spent)
+    text += "".join(f"\n{(OUT / f'spent_{name}.md').read_text()}" for name in order
+                    if (OUT / f"spent_{name}.md").exists())
     print(text)
     atomic_write_text(OUT / "crossover.md", text + "".join(f"\n{n}\n" for n in notes))
     return rows

@@ -10,11 +10,13 @@ import pytest
 from paper import cnn_gap
 
 
-def write_run(root, cond, method, seed, comm, loss, *, grads=None, budget=500.0, lr=0.01):
+def write_run(root, cond, method, seed, comm, loss, *, grads=None, budget=500.0, lr=0.01,
+              fast=None):
     d = root / cond / method / f"seed={seed}"
     d.mkdir(parents=True)
     config = {"method": {"name": method, "lr": lr}, "compressor": {"name": "randk"},
-              "seed": seed, "max_comm": budget, "steps": 10**6}
+              "seed": seed, "max_comm": budget, "steps": 10**6,
+              **({"task": {"amp_cpu": fast}} if fast is not None else {})}
     (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config, "wall_time": 1.0}))
     rows = [{"step": i, "comm": float(c), "bytes": 0.0, "loss": float(v),
              **({"grads": float(grads[i])} if grads is not None else {})}
@@ -187,3 +189,32 @@ def test_the_budget_check_is_written_from_gluons_runs_before_the_others_have_run
     md = (cnn_gap.OUT / "decomposition.md").read_text()
     assert f"from {check['first_budget_below_2pct']:g}" in md
     assert "budget runs repeat the panel's rows up to its budget: True" in md
+
+
+def test_budget_runs_on_the_fast_path_are_not_held_to_the_panels_rows_but_read_at_500_as_a_control(study):
+    """The budget condition runs on the CPU fast path (bf16), the panel on fp32: its runs cannot
+    repeat the panel's rows, so they are not compared row by row; instead the condition read at
+    the panel's 500 units (`budget_at_500`) measures the arithmetic's effect on the statistic.
+    Gluon's fp32 budget runs (`budget_fp32`) get their own line in budget_check.csv."""
+    comm = np.arange(0, 2001, 2.0)
+    for seed in range(5):
+        jitter = 1 + 0.02 * (seed - 2)
+        for m, f in (("gluon", 1.0), ("alg1", 0.6), ("alg2", 0.5)):   # bf16: not the same rows
+            write_run(cnn_gap.SWEEPS, "budget", m, seed, comm,
+                      1.001 * gluon_loss(comm / f * jitter), budget=2000.0, fast=True)
+        write_run(cnn_gap.SWEEPS, "budget_fp32", "gluon", seed, comm, gluon_loss(comm * jitter),
+                  budget=2000.0, fast=False)
+    cnn_gap.aggregate()                       # no "do not repeat" error: nothing to compare
+    md = (cnn_gap.OUT / "decomposition.md").read_text()
+    assert "repeat the panel's rows up to its budget: not comparable" in md
+    rows = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+            if r["metric"] == "raw_first_hit" and r["method"] == "alg1"]
+    got = {r["condition"]: r for r in rows}
+    assert got["budget_at_500"]["budget"] == 500.0 and got["budget"]["budget"] == 2000.0
+    assert got["budget_at_500"]["gluon_final_level"] > got["budget"]["gluon_final_level"]
+    for cond in ("panel", "budget_at_500", "budget"):   # the same 0.6x speed-up everywhere
+        assert got[cond]["reduction"] == pytest.approx(0.4, abs=0.01)
+    checks = {r["sweep"]: r for r in cnn_gap.read_csv(cnn_gap.OUT / "budget_check.csv")}
+    assert (checks["budget"]["fast_path"], checks["budget_fp32"]["fast_path"]) == ("True", "False")
+    assert checks["budget"]["final_level"] == pytest.approx(1.001 * checks["budget_fp32"]["final_level"],
+                                                           rel=1e-3)
