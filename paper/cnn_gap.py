@@ -68,8 +68,8 @@ CONDITIONS = (
     Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned + fast path"),
 )
 # The conditions that run after the reference use the CPU fast path (bf16 autocast for gradients
-# and evaluation, task.amp_cpu): an Alg. 1/2 run at B = 64 to 2,000 units takes 1.5x less time, so
-# that it finishes within a working session. `budget_at_500` measures what that changes: the same
+# and evaluation, task.amp_cpu): an Alg. 1/2 run at B = 64 to 2,000 units takes 1.5x less time (a pair:
+# about 2 hours on 2 cores instead of 3). `budget_at_500` measures what that changes: the same
 # runs read at the reference's budget, against the reference's fp32 runs.
 
 
@@ -244,8 +244,10 @@ def aggregate() -> None:
     write_csv(curve, OUT / "levels.csv")
     notes, checks = [], []
     for sweep in ("budget", FP32_BUDGET):       # the rule's input: Gluon's runs alone
-        gluon = (found["budget"] if sweep == "budget" else
-                 by_method(load_runs(SWEEPS / sweep)) if (SWEEPS / sweep).exists() else {}).get("gluon")
+        if sweep not in found:
+            runs = load_runs(SWEEPS / sweep) if (SWEEPS / sweep).exists() else []
+            found[sweep] = by_method(runs) if runs else {}
+        gluon = found[sweep].get("gluon")
         if not gluon:
             continue
         check = {"sweep": sweep, "fast_path": bool(gluon[0].config.get("task", {}).get("amp_cpu")),
