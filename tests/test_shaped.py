@@ -56,8 +56,11 @@ def test_throughput_is_the_configured_rate(network, monkeypatch):
     monkeypatch.setenv("SHAPED_NET", "10.207.34")
     mbit = shaped.throughput(1_500_000) / 1e6
     net("rate", "2mbit")
-    mbit2 = shaped.throughput(400_000) / 1e6
-    assert 8.0 <= mbit <= 10.0 and 1.6 <= mbit2 <= 2.0       # TCP payload: within 20%, below
+    mbit2 = shaped.throughput(600_000) / 1e6
+    # TCP payload within 15% of the rate: below it by the headers (3-4%), and GSO super-packets
+    # of up to 64 KiB cross the shaper whole (0.26 s at 2 Mbit/s), so a transfer of 1-2 s is
+    # timed to about a tenth; unshaped, a veth carries Gbit/s
+    assert 0.85 <= mbit / 10 <= 1.15 and 0.85 <= mbit2 / 2 <= 1.15, (mbit, mbit2)
 
 
 def test_a_failed_up_leaves_nothing():
