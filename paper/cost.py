@@ -399,6 +399,7 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
     from analysis.statistics import read_csv, write_csv
     measured = measured_network()
     rows, notes, done = [], [], set()
+    OUT.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         panel = load_panel(task)
         if not panel.runs:
@@ -407,12 +408,10 @@ def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
             continue
         compute = None if compute_source == "measured" else bench_compute(task)
         level = gluon_level(panel)
-        OUT.mkdir(parents=True, exist_ok=True)
         atomic_write_text(OUT / f"spent_{PANEL_NAMES[task]}.md", spend(panel, level))
         done.add(PANEL_NAMES[task])
         for label, net in models(measured):
             rows += crossover_rows(panel, level, net, compute, label)
-    OUT.mkdir(parents=True, exist_ok=True)
     old = read_csv(OUT / "crossover.csv") if (OUT / "crossover.csv").exists() else []
     kept = [{**r, "seeds": int(r["seeds"]), "seeds_reached": int(r["seeds_reached"])}
             for r in old if r["task"] not in done]        # counts read back as numbers

@@ -195,6 +195,32 @@ def test_the_cnn_panel_is_costed_from_a_real_sweep(cnn_sweep, tmp_path, monkeypa
     assert after == before                                # nothing recomputed or rewritten
 
 
+def test_recosting_one_panel_keeps_the_other_panels_rows(cnn_sweep, tmp_path, monkeypatch):
+    """`paper.cost all --task cnn` re-costs the CNN panel; the a5a rows and spending table
+    already in results/cost stay byte for byte, and a panel without runs drops nothing."""
+    from analysis.statistics import write_csv
+    panel = cost.load_panel("cnn", str(cnn_sweep))
+    monkeypatch.setattr(cost, "OUT", tmp_path)
+    monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: panel)
+    cnn_rows = cost.table(("cnn",))
+    assert cnn_rows and {r["task"] for r in cnn_rows} == {"cnn"}
+    a5a = [{**r, "task": "a5a", "crossover_bps": 123.0} for r in cnn_rows]    # a stand-in panel
+    write_csv(a5a + cnn_rows, tmp_path / "crossover.csv")
+    (tmp_path / "spent_a5a.md").write_text("a5a spending table\n")
+    lines = (tmp_path / "crossover.csv").read_text().splitlines()
+    a5a_lines = [ln for ln in lines if ln.startswith("a5a,") or ",a5a," in ln]
+    assert len(a5a_lines) == len(a5a)
+    cost.table(("cnn",))
+    after = (tmp_path / "crossover.csv").read_text()
+    assert after.splitlines() == lines                     # a5a kept and first, cnn the same again
+    text = (tmp_path / "crossover.md").read_text()
+    assert "a5a spending table" in text and (tmp_path / "spent_cnn.md").read_text() in text
+    empty = cost.load_panel("cnn", str(tmp_path / "none"))
+    monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: empty)
+    cost.table(("cnn",))                                    # no CNN runs here: nothing is dropped
+    assert (tmp_path / "crossover.csv").read_text() == after
+
+
 def test_no_cnn_runs_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cost, "_SAID", set())
     panel = cost.load_panel("cnn", str(tmp_path / "none"))
