@@ -116,7 +116,7 @@ shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gl
 	infra/shaped_network.sh up
 	$(PY) -m benchmarks.shaped measure --rates 100kbit 20mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
 
-shaped-cnn: $(STAMP)  ## (root) the same for the CNN's CPU profile, to Gluon's final loss in Fig. 2 (results/cost/shaped_cnn.csv; 40 min on the idle machine)
+shaped-cnn: $(STAMP)  ## (root) the same for the CNN's quick CPU profile (B = 4), to its Gluon's final loss (results/cost/shaped_cnn.csv; 40 min on the idle machine)
 	infra/shaped_network.sh up
 	$(PY) -m benchmarks.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
 

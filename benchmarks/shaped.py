@@ -50,7 +50,7 @@ class Task(NamedTuple):
     overrides: tuple        # what makes it Fig. 2's panel (with tuned=<tuned>/<method>)
     tuned: str
     metric: str             # the row key the target is on
-    target: float           # Gluon's final level in Fig. 2 (results/fig2/reduction.csv)
+    target: float           # Gluon's final level in the experiment (cnn: the quick B = 4 profile)
     out: str                # the measured table
 
 
