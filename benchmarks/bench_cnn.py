@@ -205,21 +205,44 @@ def machine_line(args, n_params: int | None) -> str:
 PATH_WIDTHS = (cnn_widths("cpu"), cnn_widths("paper"))
 
 
+def _bench_one(name: str, sub, amp: bool) -> dict:
+    torch.set_num_threads(sub.threads)
+    return bench(name, sub, amp_cpu=amp)
+
+
+def bench_together(name: str, sub, amp: bool, copies: int) -> dict:
+    """``bench`` in ``copies`` processes at once (the way a sweep's runs share the cores), means
+    of their CPU and wall ms per step; one copy: in this process."""
+    if copies == 1:
+        return bench(name, sub, amp_cpu=amp)
+    from multiprocessing import get_context
+    with get_context("spawn").Pool(copies) as pool:
+        rs = pool.starmap(_bench_one, [(name, sub, amp)] * copies)
+    return {**rs[0], "cpu": sum(r["cpu"] for r in rs) / copies,
+            "wall": sum(r["wall"] for r in rs) / copies}
+
+
 def compare_paths(args) -> str:
-    """CPU ms per step of each method on the reference path (fp32) and on the fast path
+    """CPU and wall ms per step of each method on the reference path (fp32) and on the fast path
     (``task.amp_cpu``: bf16 autocast for gradients and evaluation, Delta in fp32), at the CPU
-    profile's widths and at the paper's. The two paths alternate per width so that a change in
-    the machine's load hits both."""
-    lines = ["| widths | method | reference ms/step (CPU) | fast ms/step (CPU) | speed-up | "
-             "gradients' share (reference) |", "|---|---|---:|---:|---:|---:|"]
-    for widths in PATH_WIDTHS:
+    profile's widths and at the paper's (``--path-widths``). The two paths alternate per width
+    so that a change in the machine's load hits both; ``--concurrent 2`` runs two copies of
+    each measurement at once, as two runs of a sweep share a 2-core machine (the wall time is
+    then what a run sees)."""
+    lines = ["| widths | method | syncs in steps | reference ms/step (CPU) | fast ms/step (CPU) | "
+             "speed-up (CPU) | reference ms/step (wall) | fast ms/step (wall) | speed-up (wall) | "
+             "gradients' share (reference) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for widths in args.path_widths or PATH_WIDTHS:
         sub = argparse.Namespace(**{**vars(args), "widths": widths,
                                     "steps": args.path_steps or (60 if widths == CPU_WIDTHS else 12)})
         for name in args.methods:
-            ref, fast = bench(name, sub, amp_cpu=False), bench(name, sub, amp_cpu=True)
+            ref = bench_together(name, sub, False, args.concurrent)
+            fast = bench_together(name, sub, True, args.concurrent)
             share = ref["parts_cpu"]["gradients (fwd+bwd)"] / ref["cpu"]
-            lines.append(f"| {'/'.join(map(str, widths))} | {name} | {1e3 * ref['cpu']:.1f} | "
-                         f"{1e3 * fast['cpu']:.1f} | {ref['cpu'] / fast['cpu']:.2f}x | "
+            lines.append(f"| {'/'.join(map(str, widths))} | {name} | {ref['syncs']} in {ref['steps']} | "
+                         f"{1e3 * ref['cpu']:.1f} | {1e3 * fast['cpu']:.1f} | "
+                         f"{ref['cpu'] / fast['cpu']:.2f}x | {1e3 * ref['wall']:.1f} | "
+                         f"{1e3 * fast['wall']:.1f} | {ref['wall'] / fast['wall']:.2f}x | "
                          f"{100 * share:.0f}% |")
             print(lines[-1], flush=True)
     return "\n".join(lines) + "\n"
@@ -270,6 +293,11 @@ def main(argv=None):
     p.add_argument("--paths", action="store_true",
                    help="instead: reference vs fast path (task.amp_cpu), ms per step at both widths")
     p.add_argument("--path-steps", type=int, default=0, help="steps per path (0: 60 / 12 by width)")
+    p.add_argument("--path-widths", type=int, nargs=3, action="append", default=None,
+                   help="--paths at these widths (repeatable; default: 16 64 64 and 64 256 256)")
+    p.add_argument("--concurrent", type=int, default=1,
+                   help="--paths: copies of each measurement run at once (2: as a sweep's two "
+                        "runs share 2 cores)")
     p.add_argument("--chunks", type=int, nargs="+", default=None,
                    help="instead: CPU time of one large-batch gradient (--B minibatches) by "
                         "task.max_chunk, e.g. --chunks 1024 512 256 128")
@@ -284,9 +312,12 @@ def main(argv=None):
             text = (f"One large-batch gradient by `task.max_chunk` (images per forward pass), "
                     f"{machine}\n\n" + compare_chunks(args))
         else:
+            together = (f"; {args.concurrent} copies of each measurement at once (means)"
+                        if args.concurrent > 1 else "")
             text = (f"Reference (fp32) vs fast path (`task.amp_cpu=true`: bf16 autocast on CPU "
                     f"for gradients and evaluation; Delta stays fp32), n = 4, batch 16, "
-                    f"q = {args.q}, B = {args.B}, RandK/TopK 1%, {machine}\n\n" + compare_paths(args))
+                    f"q = {args.q}, B = {args.B}, RandK/TopK 1%, {machine}{together}\n\n"
+                    + compare_paths(args))
         print(text)
         if args.out:
             atomic_write_text(args.out, text)
