@@ -59,10 +59,12 @@ test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m benchmarks.bench_logreg
 
-bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64 (cnn_paths*.md)
+bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
 	$(PY) -m benchmarks.bench_cnn --out results/bench/cnn.md
 	$(PY) -m benchmarks.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
 	$(PY) -m benchmarks.bench_cnn --paths --methods alg1 --B 64 --path-steps 100 --out results/bench/cnn_paths_b64.md
+	$(PY) -m benchmarks.bench_cnn --paths --methods alg1 --B 64 --path-steps 50 --concurrent 2 \
+	  --path-widths 16 64 64 --path-widths 32 128 128 --path-widths 64 256 256 --out results/bench/cnn_paths_b64_pair.md
 
 .PHONY: bench-optim
 bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
