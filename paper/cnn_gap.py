@@ -68,8 +68,8 @@ CONDITIONS = (
     Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned + fast path"),
 )
 # The conditions that run after the reference use the CPU fast path (bf16 autocast for gradients
-# and evaluation, task.amp_cpu): an Alg. 1/2 run at B = 64 to 2,000 units takes 1.5x less time (a pair:
-# about 2 hours on 2 cores instead of 3). `budget_at_500` measures what that changes: the same
+# and evaluation, task.amp_cpu): 1.35x to 1.58x less wall time per Alg. 1 step at B = 64 from
+# 16/64/64 to 64/256/256, two runs at once (results/bench/cnn_paths_b64_pair.md). `budget_at_500` measures what that changes: the same
 # runs read at the reference's budget, against the reference's fp32 runs.
 
 
