@@ -205,11 +205,6 @@ def machine_line(args, n_params: int | None) -> str:
 PATH_WIDTHS = (cnn_widths("cpu"), cnn_widths("paper"))
 
 
-def _bench_one(name: str, sub, amp: bool) -> dict:
-    torch.set_num_threads(sub.threads)
-    return bench(name, sub, amp_cpu=amp)
-
-
 def bench_together(name: str, sub, amp: bool, copies: int) -> dict:
     """``bench`` in ``copies`` processes at once (the way a sweep's runs share the cores), means
     of their CPU and wall ms per step; one copy: in this process."""
@@ -217,7 +212,7 @@ def bench_together(name: str, sub, amp: bool, copies: int) -> dict:
         return bench(name, sub, amp_cpu=amp)
     from multiprocessing import get_context
     with get_context("spawn").Pool(copies) as pool:
-        rs = pool.starmap(_bench_one, [(name, sub, amp)] * copies)
+        rs = pool.starmap(bench, [(name, sub, amp)] * copies)     # bench sets its threads
     return {**rs[0], "cpu": sum(r["cpu"] for r in rs) / copies,
             "wall": sum(r["wall"] for r in rs) / copies}
 

@@ -69,8 +69,9 @@ CONDITIONS = (
 )
 # The conditions that run after the reference use the CPU fast path (bf16 autocast for gradients
 # and evaluation, task.amp_cpu): 1.35x to 1.58x less wall time per Alg. 1 step at B = 64 from
-# 16/64/64 to 64/256/256, two runs at once (results/bench/cnn_paths_b64_pair.md). `budget_at_500` measures what that changes: the same
-# runs read at the reference's budget, against the reference's fp32 runs.
+# 16/64/64 to 64/256/256, two runs at once (results/bench/cnn_paths_b64_pair.md).
+# `budget_at_500` measures what that changes: the same runs read at the reference's budget,
+# against the reference's fp32 runs.
 
 
 def by_method(runs: list[Run]) -> dict[str, list[Run]]:
