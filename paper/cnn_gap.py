@@ -229,11 +229,16 @@ FP32_BUDGET = "budget_fp32"   # Gluon's first budget runs, on the reference (fp3
 def aggregate() -> None:
     decomposition, curve, missing = [], [], []
     found: dict[str, dict[str, list[Run]]] = {}
+
+    def groups_of(folder: str) -> dict[str, list[Run]]:
+        """A sweep's finished runs by method, read once."""
+        if folder not in found:
+            runs = load_runs(SWEEPS / folder) if (SWEEPS / folder).exists() else []
+            found[folder] = by_method(runs) if runs else {}
+        return found[folder]
+
     for cond in CONDITIONS:
-        if cond.folder not in found:
-            runs = load_runs(SWEEPS / cond.folder)
-            found[cond.folder] = by_method(runs) if runs else {}
-        groups = found[cond.folder]
+        groups = groups_of(cond.folder)
         if not all(m in groups and groups[m] for m in METHODS):
             missing.append(cond.name)
             continue
@@ -245,10 +250,7 @@ def aggregate() -> None:
     write_csv(curve, OUT / "levels.csv")
     notes, checks = [], []
     for sweep in ("budget", FP32_BUDGET):       # the rule's input: Gluon's runs alone
-        if sweep not in found:
-            runs = load_runs(SWEEPS / sweep) if (SWEEPS / sweep).exists() else []
-            found[sweep] = by_method(runs) if runs else {}
-        gluon = found[sweep].get("gluon")
+        gluon = groups_of(sweep).get("gluon")
         if not gluon:
             continue
         check = {"sweep": sweep, "fast_path": bool(gluon[0].config.get("task", {}).get("amp_cpu")),
