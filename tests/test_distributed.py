@@ -16,6 +16,7 @@ import random
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,37 @@ def test_needs_process_group():
         pytest.skip("a process group is already initialised")
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistComm()
+
+
+def test_destroy_process_group_frees_the_group_after_an_optimiser_was_built():
+    """With gluon imported before init_process_group (as every entry point and the README's
+    example do), building an optimiser does not pin the world group: destroy_process_group stops
+    its gloo threads. A group that outlived it could abort the process at exit (a gloo thread
+    releasing the last collective's tensors while the interpreter shuts down)."""
+    code = textwrap.dedent(f"""
+        import os, torch, torch.distributed as dist
+        import gluon
+        from gluon.optim import CompressedGluon
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+        before = threads()
+        dist.init_process_group("gloo", rank=0, world_size=1,
+                                init_method="tcp://127.0.0.1:{free_port()}")
+        during = threads()
+        model = torch.nn.Linear(4, 2)
+        opt = CompressedGluon(model.named_parameters(), lr=0.1, q=0.5, B=1,
+                              compressor=gluon.RandK(density=0.5))
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        print(before, during, threads())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, during, after = map(int, out.stdout.split())
+    assert during > before          # the group's threads ran
+    assert after == before          # and are gone once it is destroyed
 
 
 # ---------------------------------------------------------------- the CNN task, the same way
