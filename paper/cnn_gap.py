@@ -10,7 +10,8 @@ than the paper's "about 65%", one factor at a time.
 Every condition is measured with Figure 2's statistic (docs/statistics.md): the smoothed first
 hit of Gluon's final level, the reduction 1 - mean C_M / mean C_Gluon over the seeds the
 condition has for every method, with the paired t-interval and the percentile bootstrap.
-Conditions without finished runs are listed as missing, not dropped silently.
+A condition is read only once every method has finished every seed its experiment config
+sweeps; until then it is listed with the seeds each method has finished.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ SWEEPS = sweep_dir("cnn", "cnn_gap/panel").parent   # each condition's sweep is 
 OUT = Path("results/cnn_gap")
 FIG = Path("figures")
 TUNED = Path("configs/tuned/cnn_gap")
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "configs/experiment/cnn_gap"
 METHODS = ("gluon", "alg1", "alg2")
 WINDOW = 25.0          # smoothing window, units of uplink (the panel's: 5% of 500)
 LEVELS_TOP = 2.0       # the reduction-vs-level curve runs from this loss down to Gluon's final level
@@ -55,6 +57,13 @@ class Condition:
     @property
     def folder(self) -> str:
         return self.sweep or self.name
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds its experiment config sweeps, fixed before the runs: the condition is read
+        only once every method has finished every one of them."""
+        params = OmegaConf.load(EXPERIMENTS / f"{self.folder}.yaml").hydra.sweeper.params
+        return sorted(int(s) for s in str(params.seed).split(","))
 
 
 CONDITIONS = (
@@ -228,21 +237,27 @@ FP32_BUDGET = "budget_fp32"   # Gluon's first budget runs, on the reference (fp3
 
 def aggregate() -> None:
     decomposition, curve, missing = [], [], []
-    found: dict[str, dict[str, list[Run]]] = {}
+    found: dict[str, list[Run]] = {}
+
+    def runs_of(folder: str, seeds=None) -> list[Run]:
+        """A sweep's finished runs (read once), on the given seeds."""
+        if folder not in found:
+            found[folder] = load_runs(SWEEPS / folder) if (SWEEPS / folder).exists() else []
+        return [r for r in found[folder] if seeds is None or r.config["seed"] in seeds]
 
     def groups_of(folder: str) -> dict[str, list[Run]]:
-        """A sweep's finished runs by method, read once."""
-        if folder not in found:
-            runs = load_runs(SWEEPS / folder) if (SWEEPS / folder).exists() else []
-            found[folder] = by_method(runs) if runs else {}
-        return found[folder]
+        runs = runs_of(folder)
+        return by_method(runs) if runs else {}
 
     for cond in CONDITIONS:
-        groups = groups_of(cond.folder)
-        if not all(m in groups and groups[m] for m in METHODS):
-            missing.append(cond.name)
+        seeds = cond.seeds
+        runs = runs_of(cond.folder, seeds)
+        done = {m: len({r.config["seed"] for r in runs if r.config["method"]["name"] == m})
+                for m in METHODS}
+        if min(done.values()) < len(seeds):
+            missing.append(f"{cond.name} ({', '.join(f'{m} {n}/{len(seeds)}' for m, n in done.items())})")
             continue
-        d, c = condition_rows(cond, groups)
+        d, c = condition_rows(cond, by_method(runs))
         decomposition += d
         curve += c
     OUT.mkdir(parents=True, exist_ok=True)
@@ -265,9 +280,10 @@ def aggregate() -> None:
                         else f"from {check['first_budget_below_2pct']:g}"))
     if checks:
         write_csv(checks, OUT / "budget_check.csv")
-    if found.get("budget") and found.get("panel", {}).get("gluon"):
-        ok = same_prefix(sum(found["panel"].values(), []), sum(found["budget"].values(), []),
-                         float(found["panel"]["gluon"][0].config["max_comm"]))
+    panel_gluon = groups_of("panel").get("gluon")
+    if runs_of("budget") and panel_gluon:
+        ok = same_prefix(runs_of("panel"), runs_of("budget"),
+                         float(panel_gluon[0].config["max_comm"]))
         notes.append("budget runs repeat the panel's rows up to its budget: "
                      + ("not comparable (no run has the panel's settings but the budget: the "
                         "arithmetic differs; the `budget_at_500` control measures it)"
@@ -277,7 +293,8 @@ def aggregate() -> None:
     if (SWEEPS / "width64_lr").exists() and TUNED.exists():
         write_csv(lr_transfer(), OUT / "lr_transfer.csv")
     if missing:
-        notes.append(f"conditions without finished runs for every method: {', '.join(missing)}")
+        notes.append("conditions not read until every method has finished every seed (seeds "
+                     f"finished): {'; '.join(missing)}")
     atomic_write_text(OUT / "decomposition.md", markdown(decomposition) + "\n"
                       + "".join(f"- {n}\n" for n in notes))
     print((OUT / "decomposition.md").read_text())

@@ -61,7 +61,7 @@ def test_the_decomposition_measures_a_known_reduction_at_gluons_final_level(stud
         assert r["t_low"] <= r["reduction"] <= r["t_high"]
         assert r["seeds"] == 5 and r["condition"] == "panel"
     md = (cnn_gap.OUT / "decomposition.md").read_text()
-    assert "panel_old" in md and "without finished runs" in md      # missing conditions are named
+    assert "panel_old (gluon 0/5, alg1 0/5, alg2 0/5)" in md   # missing conditions are named
     assert "not reached (0/5)" in md
     cnn_gap.plot(out=study / "fig")
     assert (study / "fig" / "cnn_gap.png").stat().st_size > 10_000
@@ -218,3 +218,29 @@ def test_budget_runs_on_the_fast_path_are_not_held_to_the_panels_rows_but_read_a
     assert (checks["budget"]["fast_path"], checks["budget_fp32"]["fast_path"]) == ("True", "False")
     assert checks["budget"]["final_level"] == pytest.approx(1.001 * checks["budget_fp32"]["final_level"],
                                                            rel=1e-3)
+
+
+def test_a_condition_is_not_read_until_every_method_has_every_seed_its_config_sweeps(study):
+    """budget sweeps seeds 0-4 (configs/experiment/cnn_gap/budget.yaml): with Alg. 2 on two of
+    them it is not read on the two seeds every method shares, but listed with each method's
+    count; once the last seed lands it is read on all five."""
+    assert cnn_gap.CONDITIONS[2].name == "budget" and cnn_gap.CONDITIONS[2].seeds == [0, 1, 2, 3, 4]
+    comm = np.arange(0, 1001, 2.0)
+    have = {"gluon": range(5), "alg1": range(4), "alg2": range(2)}
+    for m, f in (("gluon", 1.0), ("alg1", 0.6), ("alg2", 0.5)):
+        for seed in have[m]:
+            write_run(cnn_gap.SWEEPS, "budget", m, seed, comm, gluon_loss(comm / f), budget=1000.0,
+                      fast=True)
+    cnn_gap.aggregate()
+    rows = cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+    assert rows and not [r for r in rows if r["condition"].startswith("budget")]
+    md = (cnn_gap.OUT / "decomposition.md").read_text()
+    assert "budget (gluon 5/5, alg1 4/5, alg2 2/5)" in md
+    for m, f, seeds in (("alg1", 0.6, [4]), ("alg2", 0.5, [2, 3, 4])):
+        for seed in seeds:
+            write_run(cnn_gap.SWEEPS, "budget", m, seed, comm, gluon_loss(comm / f), budget=1000.0,
+                      fast=True)
+    cnn_gap.aggregate()
+    read = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+            if r["condition"] == "budget" and r["metric"] == "raw_first_hit"]
+    assert {r["method"] for r in read} == {"alg1", "alg2"} and {r["seeds"] for r in read} == {5}
