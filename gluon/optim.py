@@ -49,7 +49,7 @@ import torch.distributed as dist
 # on first use, so imported after init_process_group those defaults would hold the world group
 # for good: destroy_process_group could not free it, its gloo threads would outlive it, and one of
 # them releasing the last collective's tensors while the interpreter exits aborts the process
-# ("terminate called without an active exception", about 1 exit in 15 under torchrun on 2 cores).
+# now and then ("terminate called without an active exception"; torch 2.14, gloo, busy cores).
 import torch.distributed.nn.functional  # noqa: F401
 from torch import Tensor, nn
 
