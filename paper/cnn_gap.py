@@ -8,8 +8,8 @@ than the paper's "about 65%", one factor at a time.
     python -m paper.cnn_gap lr-check alg1        # the x0.5 and x2 learning rates of a method
 
 Every condition is measured with Figure 2's statistic (docs/statistics.md): the smoothed first
-hit of Gluon's final level, the reduction 1 - mean C_M / mean C_Gluon over the seeds the
-condition has for every method, with the paired t-interval and the percentile bootstrap.
+hit of Gluon's final level, the reduction 1 - mean C_M / mean C_Gluon over the condition's
+seeds, with the paired t-interval and the percentile bootstrap.
 A condition is read only once every method has finished every seed its experiment config
 sweeps; until then it is listed with the seeds each method has finished.
 """
@@ -255,7 +255,8 @@ def aggregate() -> None:
         done = {m: len({r.config["seed"] for r in runs if r.config["method"]["name"] == m})
                 for m in METHODS}
         if min(done.values()) < len(seeds):
-            missing.append(f"{cond.name} ({', '.join(f'{m} {n}/{len(seeds)}' for m, n in done.items())})")
+            counts = ", ".join(f"{m} {n}/{len(seeds)}" for m, n in done.items())
+            missing.append(f"{cond.name} ({counts})")
             continue
         d, c = condition_rows(cond, by_method(runs))
         decomposition += d
