@@ -266,7 +266,9 @@ def aggregate() -> None:
     write_csv(curve, OUT / "levels.csv")
     notes, checks = [], []
     for sweep in ("budget", FP32_BUDGET):       # the rule's input: Gluon's runs alone
-        gluon = groups_of(sweep).get("gluon")
+        # every seed Gluon has finished, not only those the other methods share
+        only_gluon = [r for r in runs_of(sweep) if r.config["method"]["name"] == "gluon"]
+        gluon = by_method(only_gluon)["gluon"] if only_gluon else None
         if not gluon:
             continue
         check = {"sweep": sweep, "fast_path": bool(gluon[0].config.get("task", {}).get("amp_cpu")),

@@ -178,13 +178,18 @@ def test_the_budget_rule_is_not_stopped_by_a_loss_that_wanders_about_its_trend(t
 
 def test_the_budget_check_is_written_from_gluons_runs_before_the_others_have_run(study):
     """The rule's input is Gluon's budget runs alone: budget_check.csv and its line in
-    decomposition.md exist as soon as they have finished, before Alg. 1/2's budget runs."""
+    decomposition.md exist as soon as they have finished, before Alg. 1/2's budget runs, and
+    read every seed Gluon has, not only those Alg. 1 has reached (here two)."""
     comm = np.arange(0, 2001, 2.0)
     for seed in range(5):                    # the panel's Gluon runs, continued to 2,000 units
         write_run(cnn_gap.SWEEPS, "budget", "gluon", seed, comm,
                   gluon_loss(comm * (1 + 0.02 * (seed - 2))), budget=2000.0)
+    for seed in range(2):
+        write_run(cnn_gap.SWEEPS, "budget", "alg1", seed, comm, gluon_loss(comm / 0.6),
+                  budget=2000.0, lr=0.02)         # not the panel's Alg. 1: no twin to repeat
     cnn_gap.aggregate()
     check = cnn_gap.read_csv(cnn_gap.OUT / "budget_check.csv")[0]
+    assert check["seeds"] == 5
     assert 500 < check["first_budget_below_2pct"] < 1000     # flat (< 2% a fifth) from c = 762
     md = (cnn_gap.OUT / "decomposition.md").read_text()
     assert f"from {check['first_budget_below_2pct']:g}" in md
