@@ -245,15 +245,13 @@ def aggregate() -> None:
             found[folder] = load_runs(SWEEPS / folder) if (SWEEPS / folder).exists() else []
         return [r for r in found[folder] if seeds is None or r.config["seed"] in seeds]
 
-    def groups_of(folder: str) -> dict[str, list[Run]]:
-        runs = runs_of(folder)
-        return by_method(runs) if runs else {}
+    def of(runs: list[Run], method: str) -> list[Run]:
+        return [r for r in runs if r.config["method"]["name"] == method]
 
     for cond in CONDITIONS:
         seeds = cond.seeds
         runs = runs_of(cond.folder, seeds)
-        done = {m: len({r.config["seed"] for r in runs if r.config["method"]["name"] == m})
-                for m in METHODS}
+        done = {m: len({r.config["seed"] for r in of(runs, m)}) for m in METHODS}
         if min(done.values()) < len(seeds):
             counts = ", ".join(f"{m} {n}/{len(seeds)}" for m, n in done.items())
             missing.append(f"{cond.name} ({counts})")
@@ -267,7 +265,7 @@ def aggregate() -> None:
     notes, checks = [], []
     for sweep in ("budget", FP32_BUDGET):       # the rule's input: Gluon's runs alone
         # every seed Gluon has finished, not only those the other methods share
-        only_gluon = [r for r in runs_of(sweep) if r.config["method"]["name"] == "gluon"]
+        only_gluon = of(runs_of(sweep), "gluon")
         gluon = by_method(only_gluon)["gluon"] if only_gluon else None
         if not gluon:
             continue
@@ -283,7 +281,7 @@ def aggregate() -> None:
                         else f"from {check['first_budget_below_2pct']:g}"))
     if checks:
         write_csv(checks, OUT / "budget_check.csv")
-    panel_gluon = groups_of("panel").get("gluon")
+    panel_gluon = of(runs_of("panel"), "gluon")
     if runs_of("budget") and panel_gluon:
         ok = same_prefix(runs_of("panel"), runs_of("budget"),
                          float(panel_gluon[0].config["max_comm"]))
