@@ -249,3 +249,35 @@ def test_a_condition_is_not_read_until_every_method_has_every_seed_its_config_sw
     read = [r for r in cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
             if r["condition"] == "budget" and r["metric"] == "raw_first_hit"]
     assert {r["method"] for r in read} == {"alg1", "alg2"} and {r["seeds"] for r in read} == {5}
+
+
+def test_the_run_table_and_finals_hold_every_run_and_their_means(study):
+    """runs.csv: one row per finished run, its last logged loss; finals.csv: per setting, the mean
+    and the population std (ddof = 0) over seeds."""
+    cnn_gap.aggregate()
+    runs = cnn_gap.read_csv(cnn_gap.OUT / "runs.csv")
+    assert len(runs) == 20 and {r["method"] for r in runs} == {"gluon", "alg1", "alg2", "ef21_muon"}
+    finals = {r["method"]: r for r in cnn_gap.read_csv(cnn_gap.OUT / "finals.csv")}
+    comm = np.arange(0, 501, 2.0)
+    last = [float(gluon_loss(comm[-1:] / 0.6 * (1 + 0.02 * (s - 2)))[0]) for s in range(5)]
+    assert finals["alg1"]["seeds"] == 5
+    assert finals["alg1"]["loss_mean"] == pytest.approx(np.mean(last), rel=1e-5)
+    assert finals["alg1"]["loss_std"] == pytest.approx(np.std(last), rel=1e-4)
+
+
+def test_the_fast_path_is_compared_with_fp32_run_by_run_below_the_panels_budget(study):
+    """fast_path.csv: for each method and seed run on both paths, the rows below the panel's
+    budget at the same step and uplink, and the loss's relative difference (here 3% on every row
+    of Alg. 1 seed 0 on the fast path, 0 on seed 1)."""
+    comm = np.arange(0, 2001, 2.0)
+    for seed in range(2):
+        f = 1.03 if seed == 0 else 1.0
+        write_run(cnn_gap.SWEEPS, "budget", "alg1", seed, comm,
+                  f * gluon_loss(comm / 0.6 * (1 + 0.02 * (seed - 2))), budget=2000.0, fast=True)
+    cnn_gap.aggregate()
+    rows = {r["seed"]: r for r in cnn_gap.read_csv(cnn_gap.OUT / "fast_path.csv")}
+    assert set(rows) == {0, 1}
+    assert rows[0]["rows"] == rows[0]["rows_same_step_and_uplink"] == 250   # 0, 2, ..., 498
+    assert rows[0]["loss_rel_diff_median"] == pytest.approx(0.03, rel=1e-6)
+    assert rows[0]["loss_rel_diff_max"] == pytest.approx(0.03, rel=1e-6)
+    assert rows[1]["loss_rel_diff_max"] == 0.0
