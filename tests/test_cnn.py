@@ -342,6 +342,33 @@ def test_cpu_fast_path_keeps_delta_exact_and_gradients_and_losses_close():
     assert l_fast != l_ref and abs(l_fast / l_ref - 1) < 0.05
 
 
+def test_cpu_fast_path_large_batch_gradient_in_chunks_stays_within_sampling_noise():
+    """The study's use of the fast path: Alg. 1's large-batch gradient (B minibatches in one
+    sample, evaluated in chunks of task.max_chunk images). In fp32, chunking changes it only by
+    float rounding (ghost-batch BN: the mean over ghost batches either way). Under bf16 autocast,
+    in chunks, it moves from the fp32 one-pass gradient by less than a quarter of the distance to
+    another large batch's gradient: bf16 adds at most 2 x 0.25^2 = 1/8 to its sampling variance."""
+    def built(fast, chunk):
+        cfg = cfg_for("method=alg1", "compressor=randk", "method.B=8", "task.widths=[8,16,16]",
+                      "n_workers=2", "steps=1", "log_every=1", "eval_every=0",
+                      "task.eval_train=32", "task.eval_test=16", "device=cpu",
+                      f"task.amp_cpu={fast}", f"task.max_chunk={chunk}")
+        return build(cfg, validate(cfg), data=synthetic(n_train=256))
+
+    ref, chunked, fast = built(False, 1024), built(False, 32), built(True, 32)
+    o_ref, o_chunked, o_fast = (b.method.workers[0].oracle for b in (ref, chunked, fast))
+    assert (o_ref.max_chunk, o_chunked.max_chunk, o_fast.max_chunk) == (1024, 32, 32)
+    assert o_fast.amp and not o_chunked.amp
+    params = [p.clone() for p in ref.method.params]
+    batch = o_ref.sample(torch.Generator().manual_seed(0), batches=8)       # 128 images: 4 chunks
+    flat = lambda o, b: torch.cat([g.flatten() for g in o.grad(params, b)])
+    g_ref, g_chunked, g_fast = flat(o_ref, batch), flat(o_chunked, batch), flat(o_fast, batch)
+    other = flat(o_ref, o_ref.sample(torch.Generator().manual_seed(1), batches=8))
+    assert float((g_chunked - g_ref).norm()) < 1e-5 * float(g_ref.norm())
+    err, noise = float((g_fast - g_ref).norm()), float((other - g_ref).norm())
+    assert 0 < err < 0.25 * noise
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_the_cpu_fast_path_warns_where_bf16_is_emulated(native, monkeypatch, caplog):
     """On a CPU without native bf16 (AVX2 only) the fast path is emulated and several times
