@@ -289,8 +289,9 @@ def aggregate() -> None:
     write_csv(decomposition, OUT / "decomposition.csv")
     write_csv(curve, OUT / "levels.csv")
     table = run_table()
-    write_table(table, OUT / "runs.csv")
-    write_table(finals(table), OUT / "finals.csv")
+    if len(table):
+        write_table(table, OUT / "runs.csv")
+        write_table(finals(table), OUT / "finals.csv")
     notes, checks = [], []
     for sweep in ("budget", FP32_BUDGET):       # the rule's input: Gluon's runs alone
         # every seed Gluon has finished, not only those the other methods share
@@ -336,7 +337,8 @@ def run_table() -> pd.DataFrame:
     """One row per finished run of the study (every sweep under SWEEPS, tuning included): its
     settings, its final values and its times, as its summary.json records them."""
     rows = []
-    for sweep in sorted(p.name for p in SWEEPS.iterdir() if p.is_dir()):
+    sweeps = sorted(p.name for p in SWEEPS.iterdir() if p.is_dir()) if SWEEPS.exists() else []
+    for sweep in sweeps:
         for r in load_runs(SWEEPS / sweep):
             c, m = r.config, r.config["method"]
             f = r.summary.get("final") or r.rows[-1]          # the last row where no summary has it
