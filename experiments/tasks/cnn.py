@@ -122,8 +122,9 @@ class CifarOracle(ModuleOracle):
 
     def grad_diff(self, params, prev, batch):
         """Delta = grad f_xi(X) - grad f_xi(X_prev) in fp32, never under bf16 autocast: the two
-        gradients are close, so bf16 rounding (about 4e-3 relative each) would dominate their
-        difference, and g sums about 1/q of them between syncs. On CUDA the convolutions run in
+        gradients are close, so bf16 rounding would dominate their difference (`make gpu-check`:
+        at the paper's width a bf16 Delta is off by about its own norm), and g sums about 1/q of
+        them between syncs. On CUDA the convolutions run in
         IEEE fp32 here too (cuDNN's TF32 off for these two gradients only)."""
         amp, self.amp = self.amp, False
         try:
