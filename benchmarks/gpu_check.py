@@ -258,40 +258,35 @@ def delta_check(spec: dict, data, checks: Checks) -> dict:
     X, X_prev = [p.detach().clone() for p in method.params], [p.clone() for p in method.prev]
     oracle = method.workers[0].oracle
     batch = oracle.sample(torch.Generator().manual_seed(12345))
-    amp0 = oracle.amp
 
-    def base_delta(amp: bool):   # grad - grad through the oracle's gradients, autocast as given
-        oracle.amp = amp
+    @contextmanager
+    def autocast_set(amp: bool):   # the oracle's bf16 autocast switched for the block, then restored
+        amp0, oracle.amp = oracle.amp, amp
         try:
-            return Oracle.grad_diff(oracle, X, X_prev, batch)
+            yield
         finally:
             oracle.amp = amp0
+
+    def base_delta(amp: bool):   # grad - grad through the oracle's gradients, autocast as given
+        with autocast_set(amp):
+            return Oracle.grad_diff(oracle, X, X_prev, batch)
 
     with deterministic():
         fp32 = base_delta(False)
         fp32_again = base_delta(False)
         bf16 = base_delta(True)
-        oracle.amp = True                 # as the methods run it on CUDA (amp on)
-        try:
+        with autocast_set(True):          # as the methods run it on CUDA (amp on)
             path = oracle.grad_diff(X, X_prev, batch)
-        finally:
-            oracle.amp = amp0
         with ieee_fp32():
             ieee = base_delta(False)
         grads = {}
         for amp in (False, True):
-            oracle.amp = amp
-            try:
+            with autocast_set(amp):
                 grads[amp] = oracle.grad(X, batch)
-            finally:
-                oracle.amp = amp0
         grad = grads[False]
         other = oracle.sample(torch.Generator().manual_seed(54321))   # a second minibatch
-        oracle.amp = False
-        try:
+        with autocast_set(False):
             grad_other = oracle.grad(X, other)
-        finally:
-            oracle.amp = amp0
 
     d = sum(x.numel() for x in fp32)
     comp = make_compressor("randk", density=0.01)

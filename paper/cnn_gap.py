@@ -372,6 +372,7 @@ def finals(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_table(df: pd.DataFrame, path: Path) -> None:
+    """``write_csv`` for a DataFrame: the same atomic replace, floats to 6 significant digits."""
     atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
 
 
