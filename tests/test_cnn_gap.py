@@ -281,3 +281,14 @@ def test_the_fast_path_is_compared_with_fp32_run_by_run_below_the_panels_budget(
     assert rows[0]["loss_rel_diff_median"] == pytest.approx(0.03, rel=1e-6)
     assert rows[0]["loss_rel_diff_max"] == pytest.approx(0.03, rel=1e-6)
     assert rows[1]["loss_rel_diff_max"] == 0.0
+
+
+def test_readme_quotes_the_committed_decomposition_table():
+    """The README's CNN-gap table is results/cnn_gap/decomposition.md's, row for row, so a
+    condition read by `aggregate` cannot be missing from it or quoted with other numbers."""
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    committed = (repo / "results" / "cnn_gap" / "decomposition.md").read_text()
+    table = "\n".join(line for line in committed.splitlines() if line.startswith("|"))
+    assert table.count("\n") >= 2                                     # a header, a rule, a row
+    assert table in (repo / "README.md").read_text()
