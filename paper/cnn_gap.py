@@ -401,6 +401,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(out: Path = FIG) -> None:
+    """figures/cnn_gap.png: the reduction against the target level, one panel per compressed
+    method and one line (with its 95% t-band) per condition, EF21-Muon beside them as the
+    equal-compute baseline; and the reduction at Gluon's final level per condition and method."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -409,49 +412,71 @@ def plot(out: Path = FIG) -> None:
         if (OUT / "levels.csv").exists() else []
     dec = [r for r in read_csv(OUT / "decomposition.csv") if r["metric"] == "smoothed_first_hit"] \
         if (OUT / "decomposition.csv").exists() else []
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
-    styles = {"alg1": ("C3", "Alg. 1 (RandK 1%)"), "alg2": ("C4", "Alg. 2 (TopK 1%, EF)"),
-              "ef21_muon": ("C2", "EF21-Muon (TopK 1%, at Alg. 1's gradients)")}
-    dashes = {"panel_old": ":", "panel": "--", "budget": "-", "width32": "-.", "width64": (0, (5, 1))}
-    for cond in CONDITIONS:
-        if cond.name not in dashes:          # a control: in the decomposition, not the curves
-            continue
-        for m, (color, name) in styles.items():
-            rs = sorted((r for r in curve if r["condition"] == cond.name and r["method"] == m
-                         and not math.isnan(r["reduction"])), key=lambda r: -r["loss_level"])
-            if not rs:
-                continue
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+    fig = plt.figure(figsize=(13, 10))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 0.9])
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
+    methods = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
+               "ef21_muon": "EF21-Muon (TopK 1%, at Alg. 1's gradients)"}
+    # one colour per condition; a control (budget_at_500) is in the decomposition, not the curves
+    colors = {"panel_old": "0.55", "panel": "k", "budget": "C0", "budget_at_500": "C9",
+              "width32": "C1", "width64": "C3"}
+    curved = ("panel_old", "panel", "budget", "width32", "width64")
+
+    def line(ax, cond, m, **style):
+        rs = sorted((r for r in curve if r["condition"] == cond and r["method"] == m
+                     and not math.isnan(r["reduction"])), key=lambda r: -r["loss_level"])
+        if rs:
             x = [r["loss_level"] for r in rs]
-            ax.plot(x, [100 * r["reduction"] for r in rs], linestyle=dashes[cond.name], color=color,
-                    lw=1.5, label=f"{name}: {cond.factor.split(':')[0]}")
+            ax.plot(x, [100 * r["reduction"] for r in rs], lw=1.6, **style)
             ax.fill_between(x, [100 * r["t_low"] for r in rs], [100 * r["t_high"] for r in rs],
-                            color=color, alpha=0.12, lw=0)
-    ax.axhline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
-    ax.text(0.99, 100 * PAPER_CLAIM + 1, "paper: about 65%", ha="right", fontsize=8,
-            transform=ax.get_yaxis_transform())
-    ax.set_xscale("log")
-    ax.invert_xaxis()
-    ax.set_xlabel("target level: smoothed training loss (lower: later in training)")
-    ax.set_ylabel("uplink reduction against Gluon (%)")
-    ax.set_title("Reduction vs target level (band: 95% t-interval over seeds)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+                            color=style["color"], alpha=0.12, lw=0)
+
+    for ax, m in zip(axes[:2], ("alg1", "alg2")):
+        for cond in CONDITIONS:
+            if cond.name in curved:
+                line(ax, cond.name, m, color=colors[cond.name], label=cond.factor.split(":")[0]
+                     + f" ({cond.widths}, {cond.settings})")
+        line(ax, "panel", "ef21_muon", color="C2", ls="--", label=methods["ef21_muon"] + ": reference")
+        ax.axhline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
+        ax.text(0.01, 100 * PAPER_CLAIM + 1, "paper: about 65%", fontsize=8,
+                transform=ax.get_yaxis_transform())
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator([2.0, 1.8, 1.6, 1.4, 1.2, 1.0, 0.9, 0.8, 0.7]))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.invert_xaxis()
+        ax.set_ylim(-5, 100)
+        ax.set_xlabel("target level: smoothed training loss (lower: later in training)")
+        ax.set_title(f"{methods[m]}: reduction vs target level\n(band: 95% t-interval over seeds)",
+                     fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("uplink reduction against Gluon (%)")
+    handles, names = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[1].legend(handles, names, loc="lower right", fontsize=8, framealpha=0.9)
+
+    bx = axes[2]
+    marker = {"alg1": "o", "alg2": "s", "ef21_muon": "^"}
     labels = []
     for i, r in enumerate(dec):
-        color, _ = styles[r["method"]]
-        y = len(dec) - i
+        color, y = colors.get(r["condition"], "k"), len(dec) - i
         if not math.isnan(r["reduction"]):
             bx.errorbar(100 * r["reduction"], y, xerr=[[100 * (r["reduction"] - r["t_low"])],
                                                        [100 * (r["t_high"] - r["reduction"])]],
-                        fmt="o", color=color, capsize=3)
+                        fmt=marker.get(r["method"], "o"), color=color, capsize=3)
         else:
-            bx.text(0.02, y, f"not reached in {int(r['seeds'] - r['seeds_reached'])} of "
-                    f"{int(r['seeds'])} seeds", color=color, fontsize=8, va="center",
+            bx.text(0.5, y, f"not reached in {int(r['seeds'] - r['seeds_reached'])} of "
+                    f"{int(r['seeds'])} seeds", color=color, fontsize=8, va="center", ha="center",
                     transform=bx.get_yaxis_transform())
-        labels.append((y, f"{r['factor'].split(':')[0]} ({r['widths']}, {r['budget']:g}, "
-                          f"{int(r['seeds'])} seeds) {r['method']}"))
-    bx.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=7)
+        labels.append((y, f"{r['factor'].split(':')[0]} ({r['widths']}, {r['budget']:g} units, "
+                          f"{int(r['seeds'])} seeds): {methods[r['method']].split(' (')[0]}"))
+    bx.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+    bx.set_ylim(0.4, len(dec) + 0.6)
     bx.axvline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
+    bx.text(100 * PAPER_CLAIM + 0.5, 0.99, "paper: about 65%", fontsize=8, va="top",
+            transform=bx.get_xaxis_transform())
+    bx.set_xlim(0, 100)
     bx.set_xlabel("reduction at Gluon's final level (%), 95% t-interval")
     bx.set_title("One factor at a time", fontsize=10)
     bx.grid(True, axis="x", alpha=0.3)
