@@ -292,3 +292,25 @@ def test_readme_quotes_the_committed_decomposition_table():
     table = "\n".join(line for line in committed.splitlines() if line.startswith("|"))
     assert table.count("\n") >= 2                                     # a header, a rule, a row
     assert table in (repo / "README.md").read_text()
+
+
+def test_the_reduction_vs_level_curve_ends_at_the_decompositions_own_point(study):
+    """At Gluon's final level a Gluon seed may never reach the level (it is the seeds' mean):
+    the decomposition counts such a seed as censored at the budget (docs/statistics.md), and the
+    curve's last point is that same row, not a point missing for want of the rule."""
+    import shutil
+    shutil.rmtree(cnn_gap.SWEEPS / "panel" / "gluon" / "seed=0")
+    comm = np.arange(0, 501, 2.0)
+    write_run(cnn_gap.SWEEPS, "panel", "gluon", 0, comm, 1.05 * gluon_loss(comm))  # ends above
+    cnn_gap.aggregate()
+    dec = cnn_gap.read_csv(cnn_gap.OUT / "decomposition.csv")
+    curve = cnn_gap.read_csv(cnn_gap.OUT / "levels.csv")
+    assert any(r["metric"] == "smoothed_first_hit" and r["method"] == "alg1" for r in dec)
+    for d in dec:
+        rows = [r for r in curve if (r["metric"], r["method"]) == (d["metric"], d["method"])]
+        assert len(rows) == cnn_gap.LEVEL_POINTS
+        last = min(rows, key=lambda r: r["loss_level"])
+        assert last["loss_level"] == pytest.approx(d["gluon_final_level"])
+        assert not math.isnan(last["reduction"]) or d["method"] == "ef21_muon"
+        for key in ("reduction", "t_low", "t_high", "comm", "gluon_comm"):
+            assert last[key] == pytest.approx(d[key], nan_ok=True), (d["method"], d["metric"], key)
