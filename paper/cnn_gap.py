@@ -84,8 +84,26 @@ CONDITIONS = (
 # against the reference's fp32 runs.
 
 
+def arithmetic(run: Run) -> str:
+    """Where a run computed and in what precision, from its summary: "cpu", "cpu+bf16" (the CPU
+    fast path), "cuda", ... A run's identity holds ``device: auto``, not the device it got."""
+    s = run.summary
+    return f"{str(s.get('device', 'cpu')).split(':')[0]}{'+bf16' if s.get('amp') else ''}"
+
+
 def by_method(runs: list[Run]) -> dict[str, list[Run]]:
-    """The runs of a condition per method, on the seeds every method has (sorted)."""
+    """The runs of a condition per method, on the seeds every method has (sorted). The runs of
+    one condition must share their arithmetic: methods compared on different devices or
+    precisions would measure the arithmetic with the methods."""
+    kinds: dict[str, list[Run]] = {}
+    for r in runs:
+        kinds.setdefault(arithmetic(r), []).append(r)
+    if len(kinds) > 1:
+        raise SystemExit(f"error: {runs[0].path.parent.parent.parent} mixes runs computed on "
+                         + " and ".join(f"{k} ({len(v)}, e.g. {v[0].path.name})"
+                                        for k, v in sorted(kinds.items()))
+                         + ": run the condition's methods on one kind of machine (remove the "
+                         "runs of the other and run its sweep again there)")
     groups: dict[str, list[Run]] = {}
     for g in group_runs(runs).values():
         name = g[0].config["method"]["name"]

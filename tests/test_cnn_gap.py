@@ -314,3 +314,21 @@ def test_the_reduction_vs_level_curve_ends_at_the_decompositions_own_point(study
         assert not math.isnan(last["reduction"]) or d["method"] == "ef21_muon"
         for key in ("reduction", "t_low", "t_high", "comm", "gluon_comm"):
             assert last[key] == pytest.approx(d[key], nan_ok=True), (d["method"], d["metric"], key)
+
+
+def test_a_condition_whose_runs_differ_in_device_or_precision_is_refused(study):
+    """A run's identity holds `device: auto`, so a run finished on a GPU would stand in for the
+    CPU run of the same settings: reading a condition from both would compare arithmetic, not
+    methods. The aggregation names the mix and stops before writing anything."""
+    summary = next((cnn_gap.SWEEPS / "panel" / "alg1").glob("seed=3/summary.json"))
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "device": "cuda:0"}))
+    with pytest.raises(SystemExit, match=r"mixes runs computed on cpu \(19.*cuda \(1, e.g. seed=3\)"):
+        cnn_gap.aggregate()
+    assert not (cnn_gap.OUT / "decomposition.csv").exists()
+    summary.write_text(json.dumps({**s, "amp": True}))               # the CPU fast path alone
+    with pytest.raises(SystemExit, match=r"cpu\+bf16 \(1"):
+        cnn_gap.aggregate()
+    summary.write_text(json.dumps(s))
+    cnn_gap.aggregate()
+    assert (cnn_gap.OUT / "decomposition.csv").exists()
