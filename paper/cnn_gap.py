@@ -441,10 +441,8 @@ def plot(out: Path = FIG) -> None:
     axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     methods = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
                "ef21_muon": "EF21-Muon (TopK 1%, at Alg. 1's gradients)"}
-    # one colour per condition; a control (budget_at_500) is in the decomposition, not the curves
     colors = {"panel_old": "0.55", "panel": "k", "budget": "C0", "budget_at_500": "C9",
-              "width32": "C1", "width64": "C3"}
-    curved = ("panel_old", "panel", "budget", "width32", "width64")
+              "width32": "C1", "width64": "C3"}                 # one colour per condition
 
     def line(ax, cond, m, **style):
         rs = sorted((r for r in curve if r["condition"] == cond and r["method"] == m
@@ -457,7 +455,7 @@ def plot(out: Path = FIG) -> None:
 
     for ax, m in zip(axes[:2], ("alg1", "alg2")):
         for cond in CONDITIONS:
-            if cond.name in curved:
+            if not cond.read_at:     # a control (read at another's budget): in the decomposition only
                 line(ax, cond.name, m, color=colors[cond.name], label=cond.factor.split(":")[0]
                      + f" ({cond.widths}, {cond.settings})")
         line(ax, "panel", "ef21_muon", color="C2", ls="--", label=methods["ef21_muon"] + ": reference")
