@@ -196,3 +196,18 @@ def test_a_run_of_a_task_under_its_old_name_migrates_to_the_run_of_its_new_name(
     again = subprocess.run([sys.executable, "-m", "experiments.logreg", *args], cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("[skip]") == 1, again.stdout
+
+
+def test_a_copy_without_git_records_the_commit_it_was_given(tmp_path, monkeypatch):
+    """A run records its commit; a copy of the checkout with no .git (a compute node, a GPU
+    machine) records the commit named by GLUON_GIT_COMMIT, and says its cleanliness is unknown."""
+    from experiments.run import record
+    here = record.git_commit()
+    assert here["git_commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
+                                                capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(record, "REPO", tmp_path)             # a folder outside any repository
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv("GLUON_GIT_COMMIT", raising=False)
+    assert record.git_commit() == {"git_commit": None, "git_dirty": None}
+    monkeypatch.setenv("GLUON_GIT_COMMIT", "0123abc")
+    assert record.git_commit() == {"git_commit": "0123abc", "git_dirty": None}

@@ -51,10 +51,15 @@ def git_commit() -> dict:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=10).stdout.strip()
     try:
-        return {"git_commit": git("rev-parse", "HEAD") or None,
-                "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        commit = git("rev-parse", "HEAD")
+        if commit:
+            return {"git_commit": commit,
+                    "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
-        return {"git_commit": None, "git_dirty": None}
+        pass
+    # a copy of the checkout without its .git (a compute node, a GPU machine) is named by whoever
+    # copied it; whether that copy was clean is then unknown
+    return {"git_commit": os.environ.get("GLUON_GIT_COMMIT") or None, "git_dirty": None}
 
 
 class RunLog:
