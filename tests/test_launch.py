@@ -55,6 +55,30 @@ def test_launcher_group_defaults_and_choices(monkeypatch):
             == str(hydra_cfg("seed=1").hydra.sweep.subdir))
 
 
+def _visible_devices():
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_local_jobs_see_the_machines_gpus(tmp_path, monkeypatch):
+    """submitit's local executor sets every job's CUDA_VISIBLE_DEVICES from gpus_per_node, to
+    nothing at 0: launcher=local must default to the GPUs this machine has, or a GPU machine's
+    jobs run on its CPU."""
+    import submitit
+    import torch
+    seen = {}
+    for gpus in (0, 1):
+        ex = submitit.LocalExecutor(folder=tmp_path / f"g{gpus}")
+        ex.update_parameters(gpus_per_node=gpus, timeout_min=2)
+        seen[gpus] = ex.submit(_visible_devices).result()
+    assert seen == {0: "", 1: "0"}
+    monkeypatch.delenv("GLUON_LOCAL_GPUS", raising=False)
+    for count in (0, 1, 2):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        assert hydra_cfg("launcher=local").hydra.launcher.gpus_per_node == count
+    monkeypatch.setenv("GLUON_LOCAL_GPUS", "0")               # asked for explicitly: none
+    assert hydra_cfg("launcher=local").hydra.launcher.gpus_per_node == 0
+
+
 def test_slurm_sbatch_script_from_env_and_command_line(tmp_path, monkeypatch):
     monkeypatch.setenv("GLUON_SLURM_PARTITION", "gpu-long")
     monkeypatch.setenv("GLUON_SLURM_TIME", "300")

@@ -216,6 +216,15 @@ def lmo_default(key: str) -> Any:
     return LMO_DEFAULTS[key]
 
 
+def visible_gpus() -> int:
+    """The ``gluon_visible_gpus`` resolver: the GPUs this process sees. submitit's local executor
+    sets each job's CUDA_VISIBLE_DEVICES to its first ``gpus_per_node`` GPUs (none: no GPU at
+    all), so launcher=local gives its jobs the GPUs of the machine it runs on, every job sharing
+    them."""
+    import torch
+    return torch.cuda.device_count()
+
+
 def tasks_per_node(comm, n_workers) -> int:
     """SLURM tasks of a run: one per worker with ``comm=torchdist``, else one."""
     return int(n_workers) if str(getattr(comm, "value", comm)) == "torchdist" else 1
@@ -226,6 +235,7 @@ if not OmegaConf.has_resolver("gluon_run_folder"):
     OmegaConf.register_new_resolver("gluon_tasks_per_node", tasks_per_node)
     OmegaConf.register_new_resolver("gluon_default", method_default)
     OmegaConf.register_new_resolver("gluon_lmo_default", lmo_default)
+    OmegaConf.register_new_resolver("gluon_visible_gpus", visible_gpus)
     # a sweep's folder: results/sweeps/<group>, or results/sweeps/adhoc without a group
     OmegaConf.register_new_resolver("gluon_sweep_name", lambda group: group or "adhoc")
 
