@@ -91,10 +91,9 @@ def arithmetic(run: Run) -> str:
     return f"{str(s.get('device', 'cpu')).split(':')[0]}{'+bf16' if s.get('amp') else ''}"
 
 
-def by_method(runs: list[Run]) -> dict[str, list[Run]]:
-    """The runs of a condition per method, on the seeds every method has (sorted). The runs of
-    one condition must share their arithmetic: methods compared on different devices or
-    precisions would measure the arithmetic with the methods."""
+def one_arithmetic(runs: list[Run]) -> None:
+    """Refuse runs that are compared with each other but computed on different devices or in
+    different precisions: the comparison would measure the arithmetic with the methods."""
     kinds: dict[str, list[Run]] = {}
     for r in runs:
         kinds.setdefault(arithmetic(r), []).append(r)
@@ -104,6 +103,13 @@ def by_method(runs: list[Run]) -> dict[str, list[Run]]:
                                         for k, v in sorted(kinds.items()))
                          + ": run the condition's methods on one kind of machine (remove the "
                          "runs of the other and run its sweep again there)")
+
+
+def by_method(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs of a condition per method, on the seeds every method has (sorted). The runs of
+    one condition must share their arithmetic: methods compared on different devices or
+    precisions would measure the arithmetic with the methods."""
+    one_arithmetic(runs)
     groups: dict[str, list[Run]] = {}
     for g in group_runs(runs).values():
         name = g[0].config["method"]["name"]
@@ -264,6 +270,7 @@ def lr_transfer() -> list[dict]:
     at the transferred lr and at x0.5 and x2."""
     runs = load_runs(SWEEPS / "width64_lr") + [r for r in load_runs(SWEEPS / "width64")
                                                 if r.config["seed"] == 0]
+    one_arithmetic(runs)      # the x1 point is width64's seed 0: the same machine as x0.5 and x2
     out = []
     for m in METHODS:
         base = tuned_lr(m)

@@ -332,3 +332,22 @@ def test_a_condition_whose_runs_differ_in_device_or_precision_is_refused(study):
     summary.write_text(json.dumps(s))
     cnn_gap.aggregate()
     assert (cnn_gap.OUT / "decomposition.csv").exists()
+
+
+def test_the_lr_check_refuses_a_transferred_point_from_another_machine(study):
+    """The lr check compares x0.5 and x2 (width64_lr) with x1, width64's seed 0: all three must
+    come from one kind of machine, as the runs of a condition must."""
+    comm = np.arange(0, 501, 2.0)
+    for m in cnn_gap.METHODS:
+        base = cnn_gap.tuned_lr(m)
+        write_run(cnn_gap.SWEEPS, "width64", m, 0, comm, gluon_loss(comm), lr=base)
+        for times in (0.5, 2.0):
+            write_run(cnn_gap.SWEEPS / "width64_lr" / m, f"lr={times}", m, 0, comm,
+                      gluon_loss(comm * times), lr=base * times)
+    rows = cnn_gap.lr_transfer()
+    assert sorted((r["method"], r["times"]) for r in rows) == sorted(
+        (m, t) for m in cnn_gap.METHODS for t in (0.5, 1.0, 2.0))
+    x1 = next((cnn_gap.SWEEPS / "width64" / "alg1").glob("seed=0/summary.json"))
+    x1.write_text(json.dumps({**json.loads(x1.read_text()), "device": "cuda:0", "amp": True}))
+    with pytest.raises(SystemExit, match=r"mixes runs computed on cpu \(8.*cuda\+bf16 \(1"):
+        cnn_gap.lr_transfer()
