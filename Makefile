@@ -34,7 +34,7 @@ TUNED_CNN = configs/tuned/fig2_cnn_cpu
 
 .PHONY: help install test test-slow bench bench-cnn gpu-check logreg fig2 fig2-logreg fig2-cnn fig2-plot \
         tune-fig2 tune-fig2-cnn \
-        fig3 fig4 fig5 fig6 fig7 fig8 cnn-gap sbatch-preview wandb-sync clean
+        fig3 fig4 fig5 fig6 fig7 fig8 cnn-gap cnn-gap-gpu cnn-gap-gpu-runs sbatch-preview wandb-sync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -177,6 +177,26 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 	  method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) || exit 1; done
 	$(PY) -m paper.cnn_gap aggregate
 	$(PY) -m paper.cnn_gap plot
+
+# The study's width64 condition and lr check on one GPU instead, every run at once: 9, then 6.
+# CNN_GAP_GPU picks the parts (width64, width64_lr); MPS=0 shares the GPU by time-slicing alone.
+CNN_GAP_GPU ?= width64 width64_lr
+cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64 condition and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'error: no CUDA GPU is visible; make cnn-gap runs the whole study on the CPU')"
+	infra/with_mps.sh $(MAKE) --no-print-directory cnn-gap-gpu-runs
+	$(PY) -m paper.cnn_gap aggregate
+	$(PY) -m paper.cnn_gap plot
+
+cnn-gap-gpu-runs: $(STAMP)
+ifneq ($(filter width64,$(CNN_GAP_GPU)),)
+	GLUON_JOBS=9 $(CNN_SWEEP) experiment=cnn_gap/width64 device=cuda
+endif
+ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
+	pids=; for m in gluon alg1 alg2; do \
+	  GLUON_JOBS=2 $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m device=cuda \
+	    method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) & pids="$$pids $$!"; \
+	done; for p in $$pids; do wait $$p || exit 1; done
+endif
 
 .PHONY: summarize
 summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/fig3

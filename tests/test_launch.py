@@ -226,3 +226,43 @@ def _job_pid(folder: Path) -> int:
         if b"submitit.core._submit" in cmd and any(str(folder).encode() in c for c in cmd):
             return int(proc.name)
     raise AssertionError("submitit job process not found")
+
+
+FAKE_MPS = """#!/usr/bin/env bash
+# stands in for nvidia-cuda-mps-control: logs what it is asked; the daemon 'runs' while $STATE exists
+if [ "${1:-}" = -d ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$LOG"; [ "${START_RC:-0}" = 0 ] && touch "$STATE"; exit "${START_RC:-0}"; fi
+cmd=$(cat); echo "$cmd" >> "$LOG"
+case "$cmd" in get_server_list) [ -e "$STATE" ];; quit) rm -f "$STATE";; esac
+"""
+
+
+@pytest.mark.parametrize("case", ["starts_and_stops", "already_running", "off", "start_fails"])
+def test_with_mps_starts_the_daemon_only_if_needed_and_stops_only_its_own(tmp_path, case):
+    """infra/with_mps.sh (make cnn-gap-gpu): the command runs in every case and its exit status
+    is the script's; a daemon is started only where none answers, and only one it started is
+    stopped; MPS=0 leaves MPS alone."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-cuda-mps-control").write_text(FAKE_MPS)
+    (bin_ / "nvidia-cuda-mps-control").chmod(0o755)
+    log, state = tmp_path / "log", tmp_path / "state"
+    if case == "already_running":
+        state.touch()
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log),
+           "STATE": str(state), "TMPDIR": str(tmp_path),
+           "MPS": "0" if case == "off" else "1", "START_RC": "1" if case == "start_fails" else "0"}
+    cmd = "echo pipe=${CUDA_MPS_PIPE_DIRECTORY:-none}; [ -e \"$STATE\" ] && echo mps=on || echo mps=off; exit 3"
+    out = subprocess.run([str(REPO / "infra/with_mps.sh"), "bash", "-c", cmd], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr
+    calls = log.read_text().split("\n")[:-1] if log.exists() else []
+    pipe = f"{tmp_path}/gluon-mps-{os.getuid()}"
+    expected = {
+        "starts_and_stops": (["get_server_list", f"start {pipe}", "quit"], "mps=on", False),
+        "already_running": (["get_server_list"], "mps=on", True),
+        "off": ([], "mps=off", False),
+        "start_fails": (["get_server_list", f"start {pipe}"], "mps=off", False),
+    }[case]
+    assert calls == expected[0]
+    assert expected[1] in out.stdout
+    assert state.exists() == expected[2]          # a daemon it did not start keeps running
