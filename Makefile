@@ -178,19 +178,19 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 	$(PY) -m paper.cnn_gap aggregate
 	$(PY) -m paper.cnn_gap plot
 
-# The study's width64 condition and lr check on one GPU instead, every run at once: 9, then 6.
-# CNN_GAP_GPU picks the parts (width64, width64_lr); MPS=0 shares the GPU by time-slicing alone.
-CNN_GAP_GPU ?= width64 width64_lr
-cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64 condition and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
+# The study's width64 condition, its control panel_gpu (the reference on the GPU) and the lr check
+# on one GPU instead, every run of a condition at once. CNN_GAP_GPU picks the parts; MPS=0 shares
+# the GPU by time-slicing alone.
+CNN_GAP_GPU ?= width64 panel_gpu width64_lr
+cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64, its GPU control and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'error: no CUDA GPU is visible; make cnn-gap runs the whole study on the CPU')"
 	infra/with_mps.sh $(MAKE) --no-print-directory cnn-gap-gpu-runs
 	$(PY) -m paper.cnn_gap aggregate
 	$(PY) -m paper.cnn_gap plot
 
 cnn-gap-gpu-runs: $(STAMP)
-ifneq ($(filter width64,$(CNN_GAP_GPU)),)
-	GLUON_JOBS=9 $(CNN_SWEEP) experiment=cnn_gap/width64 device=cuda
-endif
+	for c in $(filter-out width64_lr,$(CNN_GAP_GPU)); do \
+	  GLUON_JOBS=15 $(CNN_SWEEP) experiment=cnn_gap/$$c device=cuda || exit 1; done
 ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
 	pids=; for m in gluon alg1 alg2; do \
 	  GLUON_JOBS=2 $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m device=cuda \

@@ -50,8 +50,8 @@ class Condition:
     name: str          # the condition's name (and its sweep folder under results/sweeps/cnn_gap/)
     factor: str        # what it changes against the reference (the tuned panel)
     widths: str
-    settings: str      # "old" (configs/tuned/fig2_cnn_cpu) or "tuned" (configs/tuned/cnn_gap),
-                       # "+ fast path" where its runs use the CPU fast path (task.amp_cpu)
+    settings: str      # "old" (configs/tuned/fig2_cnn_cpu) or "tuned" (configs/tuned/cnn_gap); where
+                       # and in what precision its runs computed is read from them (arithmetic)
     sweep: str = ""    # the sweep it reads, if not its name's
     read_at: float = 0.0   # read its runs up to this budget (0: the shortest of its methods')
 
@@ -71,11 +71,13 @@ CONDITIONS = (
     Condition("panel_old", "settings: the committed panel's (lr tuned on one seed)", "16/64/64", "old"),
     Condition("panel", "reference: re-tuned settings", "16/64/64", "tuned"),
     Condition("budget", "budget: the stopping rule's (<= 2,000 units) instead of 500", "16/64/64",
-              "tuned + fast path"),
+              "tuned"),
     Condition("budget_at_500", "control: the budget runs read at 500 units (arithmetic alone)",
-              "16/64/64", "tuned + fast path", sweep="budget", read_at=500.0),
-    Condition("width32", "width: 32/128/128", "32/128/128", "tuned + fast path"),
-    Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned + fast path"),
+              "16/64/64", "tuned", sweep="budget", read_at=500.0),
+    Condition("width32", "width: 32/128/128", "32/128/128", "tuned"),
+    Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned"),
+    Condition("panel_gpu", "control: the reference on a GPU (arithmetic alone)", "16/64/64",
+              "tuned", read_at=500.0),
 )
 # The conditions that run after the reference use the CPU fast path (bf16 autocast for gradients
 # and evaluation, task.amp_cpu): 1.35x to 1.58x less wall time per Alg. 1 step at B = 64 from
@@ -139,7 +141,7 @@ def condition_rows(cond: Condition, groups: dict[str, list[Run]]) -> tuple[list[
                           width=WINDOW, task=cond.name)
     seeds = [r.config["seed"] for r in groups["gluon"]]
     common = {"condition": cond.name, "factor": cond.factor, "widths": cond.widths,
-              "settings": cond.settings, "budget": budget, "seeds": len(seeds),
+              "settings": cond.settings, "arithmetic": arithmetic(groups["gluon"][0]), "budget": budget, "seeds": len(seeds),
               "seed_list": " ".join(map(str, seeds)), "gluon_final_level": final}
     decomposition, curve = [], []
     for r in rows:
@@ -411,9 +413,9 @@ def _pct(x) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| condition | widths | budget | settings | seeds | Gluon's final level | method | "
-             "uplink to reach it | Gluon's | reduction | 95% t-interval | 95% bootstrap | "
-             "~65% inside (t)? |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| condition | widths | budget | settings | computed on | seeds | Gluon's final level | "
+             "method | uplink to reach it | Gluon's | reduction | 95% t-interval | 95% bootstrap | "
+             "~65% inside (t)? |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["metric"] != "smoothed_first_hit":
             continue
@@ -423,7 +425,8 @@ def markdown(rows: list[dict]) -> str:
                                           "no (above)" if r["t_low"] > PAPER_CLAIM else "no (below)")
         comm = f"{r['comm']:.0f}" if reached else f"not reached ({r['seeds_reached']}/{r['seeds']})"
         lines.append(
-            f"| {r['factor']} | {r['widths']} | {r['budget']:g} | {r['settings']} | {r['seeds']} | "
+            f"| {r['factor']} | {r['widths']} | {r['budget']:g} | {r['settings']} | "
+            f"{r['arithmetic']} | {r['seeds']} | "
             f"{r['gluon_final_level']:.3f} | {r['method']} | {comm} | {r['gluon_comm']:.0f} | "
             f"{_pct(red)} | [{_pct(r['t_low'])}, {_pct(r['t_high'])}] | "
             f"[{_pct(r['boot_low'])}, {_pct(r['boot_high'])}] | {inside} |")
@@ -449,7 +452,7 @@ def plot(out: Path = FIG) -> None:
     methods = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
                "ef21_muon": "EF21-Muon (TopK 1%, at Alg. 1's gradients)"}
     colors = {"panel_old": "0.55", "panel": "k", "budget": "C0", "budget_at_500": "C9",
-              "width32": "C1", "width64": "C3"}                 # one colour per condition
+              "width32": "C1", "width64": "C3", "panel_gpu": "C4"}   # one colour per condition
 
     def line(ax, cond, m, **style):
         rs = sorted((r for r in curve if r["condition"] == cond and r["method"] == m
@@ -460,11 +463,12 @@ def plot(out: Path = FIG) -> None:
             ax.fill_between(x, [100 * r["t_low"] for r in rs], [100 * r["t_high"] for r in rs],
                             color=style["color"], alpha=0.12, lw=0)
 
+    computed_on = {r["condition"]: r["arithmetic"] for r in curve}
     for ax, m in zip(axes[:2], ("alg1", "alg2")):
         for cond in CONDITIONS:
             if not cond.read_at:     # a control (read at another's budget): in the decomposition only
                 line(ax, cond.name, m, color=colors[cond.name], label=cond.factor.split(":")[0]
-                     + f" ({cond.widths}, {cond.settings})")
+                     + f" ({cond.widths}, {cond.settings}, {computed_on.get(cond.name, '')})")
         line(ax, "panel", "ef21_muon", color="C2", ls="--", label=methods["ef21_muon"] + ": reference")
         ax.axhline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")
         ax.text(0.01, 100 * PAPER_CLAIM + 1, "paper: about 65%", fontsize=8,
@@ -498,7 +502,8 @@ def plot(out: Path = FIG) -> None:
                     f"{int(r['seeds'])} seeds", color=color, fontsize=8, va="center", ha="center",
                     transform=bx.get_yaxis_transform())
         labels.append((y, f"{r['factor'].split(':')[0]} ({r['widths']}, {r['budget']:g} units, "
-                          f"{int(r['seeds'])} seeds): {methods[r['method']].split(' (')[0]}"))
+                          f"{int(r['seeds'])} seeds, {r['arithmetic']}): "
+                          f"{methods[r['method']].split(' (')[0]}"))
     bx.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
     bx.set_ylim(0.4, len(dec) + 0.6)
     bx.axvline(100 * PAPER_CLAIM, color="k", lw=0.8, ls=":")

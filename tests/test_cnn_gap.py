@@ -60,6 +60,7 @@ def test_the_decomposition_measures_a_known_reduction_at_gluons_final_level(stud
     for r in (got["alg1"], got["alg2"]):
         assert r["t_low"] <= r["reduction"] <= r["t_high"]
         assert r["seeds"] == 5 and r["condition"] == "panel"
+        assert r["arithmetic"] == "cpu"          # read from the runs: no device, no amp recorded
     md = (cnn_gap.OUT / "decomposition.md").read_text()
     assert "panel_old (gluon 0/5, alg1 0/5, alg2 0/5)" in md   # missing conditions are named
     assert "not reached (0/5)" in md
@@ -351,3 +352,19 @@ def test_the_lr_check_refuses_a_transferred_point_from_another_machine(study):
     x1.write_text(json.dumps({**json.loads(x1.read_text()), "device": "cuda:0", "amp": True}))
     with pytest.raises(SystemExit, match=r"mixes runs computed on cpu \(8.*cuda\+bf16 \(1"):
         cnn_gap.lr_transfer()
+
+
+def test_the_gpu_control_differs_from_width64_in_the_widths_alone():
+    """panel_gpu is the reference width64 is read against on a GPU: for every method and seed
+    their runs' identities differ in task.widths and nothing else (the group is operational)."""
+    from experiments.run.config import compose
+    from experiments.run.runs import group_key
+    from omegaconf import OmegaConf
+    for method in cnn_gap.METHODS:
+        key = {}
+        for cond in ("panel_gpu", "width64"):
+            cfg = compose("cnn", f"experiment=cnn_gap/{cond}", f"tuned=cnn_gap/{method}", "seed=0")
+            key[cond] = group_key(OmegaConf.to_container(cfg, resolve=True))
+        differ = {k for k in key["panel_gpu"].keys() | key["width64"].keys()
+                  if key["panel_gpu"].get(k) != key["width64"].get(k)}
+        assert differ == {"task.widths"}, differ
