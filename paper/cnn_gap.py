@@ -141,8 +141,9 @@ def condition_rows(cond: Condition, groups: dict[str, list[Run]]) -> tuple[list[
                           width=WINDOW, task=cond.name)
     seeds = [r.config["seed"] for r in groups["gluon"]]
     common = {"condition": cond.name, "factor": cond.factor, "widths": cond.widths,
-              "settings": cond.settings, "arithmetic": arithmetic(groups["gluon"][0]), "budget": budget, "seeds": len(seeds),
-              "seed_list": " ".join(map(str, seeds)), "gluon_final_level": final}
+              "settings": cond.settings, "arithmetic": arithmetic(groups["gluon"][0]),
+              "budget": budget, "seeds": len(seeds), "seed_list": " ".join(map(str, seeds)),
+              "gluon_final_level": final}
     decomposition, curve = [], []
     for r in rows:
         if r["method"] == "gluon":
