@@ -172,8 +172,9 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 	$(CNN_SWEEP) experiment=cnn_gap/budget tuned=cnn_gap/alg1,cnn_gap/alg2 \
 	  max_comm=$$($(PY) -m paper.cnn_gap budget-rule)   # to where Gluon's loss flattens, <= 2,000
 	$(CNN_SWEEP) experiment=cnn_gap/width32
-	$(CNN_SWEEP) experiment=cnn_gap/width64
-	for m in gluon alg1 alg2; do $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
+	$(PY) -m paper.cnn_gap finished width64 || $(CNN_SWEEP) experiment=cnn_gap/width64   # or on a GPU (cnn-gap-gpu)
+	$(PY) -m paper.cnn_gap finished width64_lr || for m in gluon alg1 alg2; do \
+	  $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
 	  method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) || exit 1; done
 	$(PY) -m paper.cnn_gap aggregate
 	$(PY) -m paper.cnn_gap plot
@@ -188,14 +189,15 @@ cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64, its GPU control and lr ch
 	$(PY) -m paper.cnn_gap aggregate
 	$(PY) -m paper.cnn_gap plot
 
+GPU_SWEEP = $(PY) -m experiments.cnn -m launcher=local device=cuda
 cnn-gap-gpu-runs: $(STAMP)
 	for c in $(filter-out width64_lr,$(CNN_GAP_GPU)); do \
-	  GLUON_JOBS=15 $(CNN_SWEEP) experiment=cnn_gap/$$c device=cuda || exit 1; done
+	  GLUON_JOBS=15 $(GPU_SWEEP) experiment=cnn_gap/$$c || exit 1; done
 ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
 	pids=; for m in gluon alg1 alg2; do \
-	  GLUON_JOBS=2 $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m device=cuda \
+	  GLUON_JOBS=2 $(GPU_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
 	    method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) & pids="$$pids $$!"; \
-	done; for p in $$pids; do wait $$p || exit 1; done
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
 endif
 
 .PHONY: summarize

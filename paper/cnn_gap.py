@@ -6,6 +6,7 @@ than the paper's "about 65%", one factor at a time.
     python -m paper.cnn_gap grads-cap            # Alg. 1's gradient evaluations at the budget
     python -m paper.cnn_gap budget-rule          # the budget at which Gluon's loss flattens
     python -m paper.cnn_gap lr-check alg1        # the x0.5 and x2 learning rates of a method
+    python -m paper.cnn_gap finished width64     # exit 0 if every run of a condition has finished
 
 Every condition is measured with Figure 2's statistic (docs/statistics.md): the smoothed first
 hit of Gluon's final level, the reduction 1 - mean C_M / mean C_Gluon over the condition's
@@ -54,6 +55,7 @@ class Condition:
                        # and in what precision its runs computed is read from them (arithmetic)
     sweep: str = ""    # the sweep it reads, if not its name's
     read_at: float = 0.0   # read its runs up to this budget (0: the shortest of its methods')
+    control: bool = False  # a control (it measures the arithmetic): in the decomposition, no curve
 
     @property
     def folder(self) -> str:
@@ -73,11 +75,11 @@ CONDITIONS = (
     Condition("budget", "budget: the stopping rule's (<= 2,000 units) instead of 500", "16/64/64",
               "tuned"),
     Condition("budget_at_500", "control: the budget runs read at 500 units (arithmetic alone)",
-              "16/64/64", "tuned", sweep="budget", read_at=500.0),
+              "16/64/64", "tuned", sweep="budget", read_at=500.0, control=True),
     Condition("width32", "width: 32/128/128", "32/128/128", "tuned"),
     Condition("width64", "width: 64/256/256 (the paper's network)", "64/256/256", "tuned"),
     Condition("panel_gpu", "control: the reference on a GPU (arithmetic alone)", "16/64/64",
-              "tuned", read_at=500.0),
+              "tuned", control=True),
 )
 # The conditions that run after the reference use the CPU fast path (bf16 autocast for gradients
 # and evaluation, task.amp_cpu): 1.35x to 1.58x less wall time per Alg. 1 step at B = 64 from
@@ -88,7 +90,7 @@ CONDITIONS = (
 
 def arithmetic(run: Run) -> str:
     """Where a run computed and in what precision, from its summary: "cpu", "cpu+bf16" (the CPU
-    fast path), "cuda", ... A run's identity holds ``device: auto``, not the device it got."""
+    fast path), "cuda", ... (with ``device: auto`` a run's config does not say which it got)."""
     s = run.summary
     return f"{str(s.get('device', 'cpu')).split(':')[0]}{'+bf16' if s.get('amp') else ''}"
 
@@ -287,6 +289,22 @@ def lr_transfer() -> list[dict]:
     return sorted(out, key=lambda r: (r["method"], r["lr"]))
 
 
+def finished(name: str) -> bool:
+    """Whether every run of a condition (every method, every seed its config sweeps) or of the
+    lr check (``width64_lr``: every method at x0.5 and x2, seed 0) has finished, on whatever
+    machine: ``make cnn-gap`` then skips it, so the CPU does not redo what a GPU finished (a
+    run's identity holds its device, so the sweep alone would not skip it)."""
+    runs = load_runs(SWEEPS / name) if (SWEEPS / name).exists() else []
+    if name == "width64_lr":
+        have = [(r.config["method"]["name"], float(r.config["method"]["lr"])) for r in runs
+                if r.config["seed"] == 0]
+        return all(any(m == hm and math.isclose(lr, hl) for hm, hl in have)
+                   for m in METHODS for lr in (tuned_lr(m) / 2, tuned_lr(m) * 2))
+    cond = next(c for c in CONDITIONS if c.folder == name)
+    return all({r.config["seed"] for r in runs if r.config["method"]["name"] == m} >= set(cond.seeds)
+               for m in METHODS)
+
+
 def tuned_lr(method: str) -> float:
     return float(OmegaConf.load(TUNED / f"{method}.yaml").method.lr)
 
@@ -467,7 +485,7 @@ def plot(out: Path = FIG) -> None:
     computed_on = {r["condition"]: r["arithmetic"] for r in curve}
     for ax, m in zip(axes[:2], ("alg1", "alg2")):
         for cond in CONDITIONS:
-            if not cond.read_at:     # a control (read at another's budget): in the decomposition only
+            if not cond.control:     # a control: in the decomposition only
                 line(ax, cond.name, m, color=colors[cond.name], label=cond.factor.split(":")[0]
                      + f" ({cond.widths}, {cond.settings}, {computed_on.get(cond.name, '')})")
         line(ax, "panel", "ef21_muon", color="C2", ls="--", label=methods["ef21_muon"] + ": reference")
@@ -543,6 +561,8 @@ def main(argv=None):
     b.add_argument("--sweep", default=str(SWEEPS / "budget"))
     lr = sub.add_parser("lr-check")
     lr.add_argument("method", choices=METHODS)
+    f = sub.add_parser("finished")
+    f.add_argument("sweep", choices=sorted({c.folder for c in CONDITIONS} | {"width64_lr"}))
     args = ap.parse_args(argv)
     if args.cmd == "aggregate":
         aggregate()
@@ -552,6 +572,10 @@ def main(argv=None):
         print(grads_cap(Path(args.sweep), args.method))
     elif args.cmd == "budget-rule":
         print(budget_rule(Path(args.sweep)))
+    elif args.cmd == "finished":
+        done = finished(args.sweep)
+        print(f"{args.sweep}: {'finished' if done else 'not finished'}")
+        raise SystemExit(0 if done else 1)
     else:
         base = tuned_lr(args.method)
         print(f"{base / 2:g},{base * 2:g}")

@@ -39,6 +39,7 @@ BAD = [
     ("cnn", ["task.widths=[16,64]"], "task.widths", "three positive"),
     ("cnn", ["eval_every=15", "log_every=10"], "eval_every", "multiple of log_every"),
     ("cnn", ["device=gpu"], "device=gpu", "auto, cpu, cuda or cuda:<index>"),
+    ("cnn", ["device=cuda:"], "device=cuda:", "auto, cpu, cuda or cuda:<index>"),
     ("cnn", ["device=cuda:99"], "device=cuda:99", "no such CUDA device"),
     ("logreg", ["-m", "method.lr=0.01,-1"], "lr must be > 0", "method.lr=-1"),   # one bad job
     ("logreg", ["method.lr=inf"], "method=alg1", "lr must be > 0 and finite"),

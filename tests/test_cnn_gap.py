@@ -368,3 +368,32 @@ def test_the_gpu_control_differs_from_width64_in_the_widths_alone():
         differ = {k for k in key["panel_gpu"].keys() | key["width64"].keys()
                   if key["panel_gpu"].get(k) != key["width64"].get(k)}
         assert differ == {"task.widths"}, differ
+
+
+def test_make_cnn_gap_skips_a_condition_finished_on_any_machine(study):
+    """`finished` (make cnn-gap's guard) holds once every method has every seed of a condition,
+    or every method both lrs of the lr check, whatever device computed them."""
+    comm = np.arange(0, 501, 2.0)
+    assert cnn_gap.finished("panel") and not cnn_gap.finished("width64")
+    for m in cnn_gap.METHODS:
+        for seed in (0, 1, 2):
+            if (m, seed) != ("alg2", 2):
+                write_run(cnn_gap.SWEEPS, "width64", m, seed, comm, gluon_loss(comm))
+    assert not cnn_gap.finished("width64")                  # alg2 seed 2 missing
+    write_run(cnn_gap.SWEEPS, "width64", "alg2", 2, comm, gluon_loss(comm))
+    summary = next((cnn_gap.SWEEPS / "width64" / "alg2").glob("seed=2/summary.json"))
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "device": "cuda:0"}))
+    assert cnn_gap.finished("width64")
+    assert not cnn_gap.finished("width64_lr")
+    for m in cnn_gap.METHODS:
+        for times in (0.5, 2.0):
+            if (m, times) != ("gluon", 2.0):
+                write_run(cnn_gap.SWEEPS / "width64_lr" / m, f"lr={times}", m, 0, comm,
+                          gluon_loss(comm), lr=cnn_gap.tuned_lr(m) * times)
+    assert not cnn_gap.finished("width64_lr")
+    write_run(cnn_gap.SWEEPS / "width64_lr" / "gluon", "lr=2.0", "gluon", 0, comm, gluon_loss(comm),
+              lr=cnn_gap.tuned_lr("gluon") * 2)
+    assert cnn_gap.finished("width64_lr")
+    with pytest.raises(SystemExit) as e:
+        cnn_gap.main(["finished", "width32"])
+    assert e.value.code == 1

@@ -75,6 +75,10 @@ def test_local_jobs_see_the_machines_gpus(tmp_path, monkeypatch):
     for count in (0, 1, 2):
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         assert hydra_cfg("launcher=local").hydra.launcher.gpus_per_node == count
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")           # GPU 3 of the machine
+    with pytest.warns(UserWarning, match="not CUDA_VISIBLE_DEVICES=3"):
+        hydra_cfg("launcher=local").hydra.launcher.gpus_per_node
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("GLUON_LOCAL_GPUS", "0")               # asked for explicitly: none
     assert hydra_cfg("launcher=local").hydra.launcher.gpus_per_node == 0
 
@@ -229,40 +233,116 @@ def _job_pid(folder: Path) -> int:
 
 
 FAKE_MPS = """#!/usr/bin/env bash
-# stands in for nvidia-cuda-mps-control: logs what it is asked; the daemon 'runs' while $STATE exists
-if [ "${1:-}" = -d ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$LOG"; [ "${START_RC:-0}" = 0 ] && touch "$STATE"; exit "${START_RC:-0}"; fi
-cmd=$(cat); echo "$cmd" >> "$LOG"
-case "$cmd" in get_server_list) [ -e "$STATE" ];; quit) rm -f "$STATE";; esac
+# stands in for nvidia-cuda-mps-control: logs what it is asked and at which pipe folder; the
+# system's daemon (default folder) 'runs' while $DEFAULT exists, one at another folder while $STATE does
+pipe=${CUDA_MPS_PIPE_DIRECTORY:-default}
+if [ "${1:-}" = -d ]; then echo "start $pipe" >> "$LOG"; [ "${START_RC:-0}" = 0 ] && touch "$STATE"; exit "${START_RC:-0}"; fi
+cmd=$(cat); echo "$cmd $pipe" >> "$LOG"
+flag=$STATE; [ "$pipe" = default ] && flag=$DEFAULT
+case "$cmd" in get_server_list) [ -e "$flag" ];; quit) rm -f "$flag";; esac
 """
 
 
-@pytest.mark.parametrize("case", ["starts_and_stops", "already_running", "off", "start_fails"])
-def test_with_mps_starts_the_daemon_only_if_needed_and_stops_only_its_own(tmp_path, case):
-    """infra/with_mps.sh (make cnn-gap-gpu): the command runs in every case and its exit status
-    is the script's; a daemon is started only where none answers, and only one it started is
-    stopped; MPS=0 leaves MPS alone."""
+def with_mps(tmp_path, case, cmd, **popen):
     bin_ = tmp_path / "bin"
-    bin_.mkdir()
+    bin_.mkdir(exist_ok=True)
     (bin_ / "nvidia-cuda-mps-control").write_text(FAKE_MPS)
     (bin_ / "nvidia-cuda-mps-control").chmod(0o755)
-    log, state = tmp_path / "log", tmp_path / "state"
-    if case == "already_running":
-        state.touch()
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log),
-           "STATE": str(state), "TMPDIR": str(tmp_path),
-           "MPS": "0" if case == "off" else "1", "START_RC": "1" if case == "start_fails" else "0"}
-    cmd = "echo pipe=${CUDA_MPS_PIPE_DIRECTORY:-none}; [ -e \"$STATE\" ] && echo mps=on || echo mps=off; exit 3"
-    out = subprocess.run([str(REPO / "infra/with_mps.sh"), "bash", "-c", cmd], env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 3, out.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    env.update({"PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(tmp_path / "log"),
+                "STATE": str(tmp_path / "state"), "DEFAULT": str(tmp_path / "default"),
+                "TMPDIR": str(tmp_path), "MPS": "0" if case == "off" else "1",
+                "START_RC": "1" if case == "start_fails" else "0"})
+    if case == "own_folder_running":
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(tmp_path / "mine")
+    return subprocess.Popen([str(REPO / "infra/with_mps.sh"), "bash", "-c", cmd], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+@pytest.mark.parametrize("case", ["starts_and_stops", "system_daemon", "own_folder_running",
+                                  "off", "start_fails"])
+def test_with_mps_starts_a_daemon_only_if_none_answers_and_stops_only_its_own(tmp_path, case):
+    """infra/with_mps.sh (make cnn-gap-gpu): the command runs in every case and its exit status
+    is the script's; a daemon that answers (the system's, or at the folder the caller names) is
+    used and left running; else one is started at the script's own folder and stopped after;
+    MPS=0 leaves MPS alone."""
+    if case == "system_daemon":
+        (tmp_path / "default").touch()
+    if case == "own_folder_running":
+        (tmp_path / "state").touch()
+    cmd = ("echo pipe=${CUDA_MPS_PIPE_DIRECTORY:-none}; "
+           "[ -e \"$STATE\" ] || [ -e \"$DEFAULT\" ] && echo mps=on || echo mps=off; exit 3")
+    p = with_mps(tmp_path, case, cmd)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    log = tmp_path / "log"
     calls = log.read_text().split("\n")[:-1] if log.exists() else []
-    pipe = f"{tmp_path}/gluon-mps-{os.getuid()}"
-    expected = {
-        "starts_and_stops": (["get_server_list", f"start {pipe}", "quit"], "mps=on", False),
-        "already_running": (["get_server_list"], "mps=on", True),
-        "off": ([], "mps=off", False),
-        "start_fails": (["get_server_list", f"start {pipe}"], "mps=off", False),
+    own = f"{tmp_path}/gluon-mps-{os.getuid()}"
+    probe = ["get_server_list default", f"get_server_list {own}"]
+    expected = {       # calls, what the command saw, the daemon still running after
+        "starts_and_stops": (probe + [f"start {own}", f"quit {own}"], f"pipe={own}", False),
+        "system_daemon": (probe[:1], "pipe=none", True),
+        "own_folder_running": ([f"get_server_list {tmp_path}/mine"], f"pipe={tmp_path}/mine", True),
+        "off": ([], "pipe=none", False),
+        "start_fails": (probe + [f"start {own}"], "pipe=none", False),
     }[case]
     assert calls == expected[0]
-    assert expected[1] in out.stdout
-    assert state.exists() == expected[2]          # a daemon it did not start keeps running
+    assert expected[1] in out and ("mps=on" in out) == (case not in ("off", "start_fails"))
+    running = (tmp_path / "state").exists() or (tmp_path / "default").exists()
+    assert running == expected[2]
+
+
+def test_with_mps_passes_a_signal_on_and_still_stops_its_daemon(tmp_path):
+    """TERM to the script (a timeout, a cancelled job) ends the command at once, not when it
+    would have finished, and the daemon the script started is stopped."""
+    p = with_mps(tmp_path, "starts_and_stops", "sleep 60")
+    deadline = time.time() + 20
+    while not (tmp_path / "state").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    assert time.time() - t0 < 10 and p.returncode != 0
+    assert not (tmp_path / "state").exists()                  # stopped
+    assert (tmp_path / "log").read_text().split("\n")[-2].startswith("quit")
+
+
+def test_a_sweep_reports_the_runs_it_launched_not_a_concurrent_sweeps(tmp_path, results):
+    """Sweeps that share a folder run at the same time (make cnn-gap-gpu starts one per method
+    for the lr check): each one's report and exit status cover the runs it launched. Here a
+    sibling's run, interrupted in the same folder, does not fail the sweep that finished its own."""
+    from experiments.run.sweep import report
+    sibling = tmp_path / "alg2" / "seed=7"
+    (sibling / ".hydra").mkdir(parents=True)
+    (sibling / ".hydra" / "overrides.yaml").write_text("- seed=7\n")
+    (sibling / CHECKPOINT).write_bytes(b"")                   # a checkpoint, no summary
+    later = time.time() + 3600                                # as if started during this sweep
+    os.utime(sibling / ".hydra" / "overrides.yaml", (later, later))
+    out = sweep("seed=0", "steps=100", "log_every=20", f"results_dir={results}",
+                f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 runs: 1 ok" in out.stdout
+    own = [d for d in sweep_runs(tmp_path) if d != sibling]
+    assert sweep_runs(tmp_path)[sibling] == "interrupted" and len(own) == 1
+    report(tmp_path, {}, own)                                 # its own run: no exit
+    with pytest.raises(SystemExit):
+        report(tmp_path, {}, own + [sibling])                 # had it launched the sibling
+
+
+def test_a_cuda_device_is_checked_where_the_jobs_run(tmp_path, monkeypatch):
+    """device=cuda is refused before any folder where the jobs would run on this machine
+    without a GPU (a single run, launcher=local), not where a SLURM job runs on a GPU node."""
+    import torch
+    from experiments.run import lifecycle
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(lifecycle.shutil, "which", lambda name: f"/usr/bin/{name}")   # srun
+    paths = (f"hydra.sweep.dir={tmp_path / 'sw'}", f"hydra.run.dir={tmp_path / 'run'}",
+             f"results_dir={tmp_path / 'res'}")
+    slurm = compose_config("cnn", "device=cuda", "launcher=slurm_gpu", *paths, hydra=True)
+    lifecycle.check_environment(slurm, multirun=True)
+    for launcher, multirun in (("local", True), ("basic", False)):
+        cfg = compose_config("cnn", "device=cuda:0", f"launcher={launcher}", *paths, hydra=True)
+        with pytest.raises(lifecycle.EnvironmentProblem, match="no such CUDA device here"):
+            lifecycle.check_environment(cfg, multirun=multirun)
+    assert not list(tmp_path.iterdir())

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -220,9 +221,16 @@ def visible_gpus() -> int:
     """The ``gluon_visible_gpus`` resolver: the GPUs this process sees. submitit's local executor
     sets each job's CUDA_VISIBLE_DEVICES to its first ``gpus_per_node`` GPUs (none: no GPU at
     all), so launcher=local gives its jobs the GPUs of the machine it runs on, every job sharing
-    them."""
+    them. It gives them GPUs 0..n-1 of the machine whatever CUDA_VISIBLE_DEVICES says here, so
+    a selection of other GPUs is not honoured: said once, not refused (launcher=basic honours it)."""
     import torch
-    return torch.cuda.device_count()
+    n = torch.cuda.device_count()
+    chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if n and chosen is not None and chosen.replace(" ", "") != ",".join(map(str, range(n))):
+        warnings.warn(f"launcher=local: its jobs get GPUs {','.join(map(str, range(n)))} of the "
+                      f"machine, not CUDA_VISIBLE_DEVICES={chosen} (submitit sets it per job); "
+                      "launcher=basic honours it", stacklevel=2)
+    return n
 
 
 def tasks_per_node(comm, n_workers) -> int:

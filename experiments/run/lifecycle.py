@@ -160,12 +160,21 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
     write access where the run (or sweep) folder and the caches go, and the task's data
     (``task.check_data(cfg)``, where the task has one; in a sweep the sweeper checks every job's
     once every job's config is known to be good). EnvironmentProblem if not."""
-    if multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher") \
-            and shutil.which("srun") is None:
+    on_slurm = multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher")
+    if on_slurm and shutil.which("srun") is None:
         raise EnvironmentProblem(
             "launcher=slurm: no SLURM here (srun is not on PATH)\n  submit from a machine of "
             "the cluster, or use launcher=local or launcher=basic (make sbatch-preview "
             "EXP=<experiment> prints the job script)")
+    device = str(cfg.get("device") or "auto")
+    if device.startswith("cuda") and not on_slurm:     # SLURM jobs run where the GPUs are
+        import torch
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise EnvironmentProblem(
+                f"device={device}: no such CUDA device here ({torch.cuda.device_count()} visible)"
+                "\n  device=auto picks a GPU when there is one; launcher=slurm_gpu runs on a "
+                "cluster's GPUs")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
     for path, name in ((folder, key), (Path(REPO, cfg.results_dir), "results_dir")):

@@ -2,7 +2,7 @@
 
 Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.lifecycle.
 run_hydra_job`). Once every job has returned, the sweeper (:mod:`hydra_plugins.gluon_sweeper`,
-any launcher) calls :func:`report`: it lists each run of this sweep that is not finished -
+any launcher) calls :func:`report`: it lists each run this sweep launched that is not finished -
 failed, damaged, interrupted (a checkpoint but no summary) or missing: the statuses of
 :mod:`experiments.run.runs` - and exits with status 1 so that the command (and ``make``) fails.
 Re-running the same command re-runs only those (finished runs are skipped).
@@ -29,11 +29,12 @@ def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:
     return runs
 
 
-def report(sweep_dir: Path, skipped: dict[Path, str], since: float) -> None:
+def report(sweep_dir: Path, skipped: dict[Path, str], launched: list[Path]) -> None:
     """Print what the sweep in ``sweep_dir`` did: the runs found finished before launch
-    (``skipped``) and those launched since ``since`` (a time), by status; exit with status 1
-    when any launched run did not finish."""
-    runs = {**skipped, **sweep_runs(sweep_dir, since)}
+    (``skipped``) and the run folders it launched (``launched``), by status; exit with status 1
+    when any launched run did not finish. Runs of another sweep in the same folder, running at
+    the same time (another method's sweep, say), are not this sweep's to report."""
+    runs = {**skipped, **{Path(d): run_status(d) for d in launched}}
     counts = Counter(runs.values())
     print(f"[sweep] {sweep_dir}: {len(runs)} runs: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), flush=True)

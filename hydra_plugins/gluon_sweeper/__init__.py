@@ -8,7 +8,6 @@ reuses the project's groups (``hydra: default``, ``method/``, ``compressor/``, `
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -51,14 +50,14 @@ class SkipFinishedSweeper(BasicSweeper):
         from experiments.tasks import task_module
         self.task = task_module(config.task.name)        # the registered task (experiments.tasks)
         self.skipped: dict[Path, str] = {}               # runs found finished, not launched
+        self.launched: list[Path] = []                   # the run folders of the jobs launched
 
     def sweep(self, arguments):                          # noqa: D401 (hydra's hook)
         """Hydra's sweep, then the report of every run (:func:`experiments.run.sweep.report`):
         a sweep with runs that did not finish exits with status 1."""
         from experiments.run.sweep import report
-        since = time.time() - 1.0             # file times can be coarser than time.time()
         results = super().sweep(arguments)
-        report(Path(self.config.hydra.sweep.dir), self.skipped, since)
+        report(Path(self.config.hydra.sweep.dir), self.skipped, self.launched)
         return results
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
@@ -100,6 +99,7 @@ class SkipFinishedSweeper(BasicSweeper):
                 self.skipped[run_dir] = read_summary(run_dir).get("status", "ok")
             else:
                 todo.append(job)
+                self.launched.append(run_dir)
         if not todo:
             return []
         return list(BasicSweeper.split_overrides_to_chunks(todo, max_batch_size))
