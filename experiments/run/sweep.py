@@ -17,16 +17,11 @@ from .runs import FINISHED
 from .runs import status as run_status
 
 
-def sweep_runs(sweep_dir: Path, since: float | None = None) -> dict[Path, str]:
+def sweep_runs(sweep_dir: Path) -> dict[Path, str]:
     """Every job directory under ``sweep_dir`` (hydra writes ``.hydra/overrides.yaml`` in each
-    job's directory when it starts it) touched since ``since``, with its status."""
-    runs = {}
-    for overrides in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml")):
-        run_dir = overrides.parent.parent
-        if since is not None and overrides.stat().st_mtime < since:
-            continue
-        runs[run_dir] = run_status(run_dir)
-    return runs
+    job's directory when it starts it), with its status."""
+    return {o.parent.parent: run_status(o.parent.parent)
+            for o in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml"))}
 
 
 def report(sweep_dir: Path, skipped: dict[Path, str], launched: list[Path]) -> None:
