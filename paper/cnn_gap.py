@@ -299,10 +299,20 @@ def finished(name: str) -> bool:
         have = [(r.config["method"]["name"], float(r.config["method"]["lr"])) for r in runs
                 if r.config["seed"] == 0]
         return all(any(m == hm and math.isclose(lr, hl) for hm, hl in have)
-                   for m in METHODS for lr in (tuned_lr(m) / 2, tuned_lr(m) * 2))
+                   for m in METHODS for lr in lr_check(m))
     cond = next(c for c in CONDITIONS if c.folder == name)
-    return all({r.config["seed"] for r in runs if r.config["method"]["name"] == m} >= set(cond.seeds)
-               for m in METHODS)
+    return all(seeds >= set(cond.seeds) for seeds in seeds_done(runs).values())
+
+
+def seeds_done(runs: list[Run]) -> dict[str, set[int]]:
+    """The seeds each of the study's methods has finished among ``runs``."""
+    return {m: {r.config["seed"] for r in runs if r.config["method"]["name"] == m} for m in METHODS}
+
+
+def lr_check(method: str) -> tuple[float, float]:
+    """The lr check's learning rates of a method: x0.5 and x2 its tuned one."""
+    base = tuned_lr(method)
+    return base / 2, base * 2
 
 
 def tuned_lr(method: str) -> float:
@@ -328,7 +338,7 @@ def aggregate() -> None:
     for cond in CONDITIONS:
         seeds = cond.seeds
         runs = runs_of(cond.folder, seeds)
-        done = {m: len({r.config["seed"] for r in of(runs, m)}) for m in METHODS}
+        done = {m: len(d) for m, d in seeds_done(runs).items()}
         if min(done.values()) < len(seeds):
             counts = ", ".join(f"{m} {n}/{len(seeds)}" for m, n in done.items())
             missing.append(f"{cond.name} ({counts})")
@@ -577,8 +587,7 @@ def main(argv=None):
         print(f"{args.sweep}: {'finished' if done else 'not finished'}")
         raise SystemExit(0 if done else 1)
     else:
-        base = tuned_lr(args.method)
-        print(f"{base / 2:g},{base * 2:g}")
+        print(",".join(f"{lr:g}" for lr in lr_check(args.method)))
 
 
 if __name__ == "__main__":
