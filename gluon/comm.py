@@ -23,6 +23,7 @@ of the same config hold the same ledger. The shared coin's byte is not counted i
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -53,14 +54,18 @@ class Message:
 def encode(compressor: Compressor, blocks: Sequence[Tensor], *, run_seed: int, worker: int,
            step: int, dim: int) -> Message:
     """Compress every block of one worker's vector with per-(worker, step, block) seeds."""
-    packets, values = [], []
-    cost, nbytes = 0.0, 0
+    packets, values, coordinates = [], [], []
+    nbytes = 0
     for i, x in enumerate(blocks):
         p = compressor.compress(x, message_seed(run_seed, worker, step, i))
         packets.append(p)
         values.append(compressor.decompress(p))
-        cost += compressor.cost(x.numel()) * x.numel() / dim
+        coordinates.append(compressor.cost(x.numel()) * x.numel())   # dense fp32 coordinates
         nbytes += compressor.wire_bytes(x.numel())
+    # One division of an exact sum: a dense message costs exactly 1.0 whatever its blocks, so a
+    # budget of K units is K dense rounds (summing the blocks' fractions numel/dim instead gave
+    # 0.9999999999999999 for some models, and a 501st step under a budget of 500).
+    cost = math.fsum(coordinates) / dim
     return Message(worker, compressor, packets, values, cost, nbytes, run_seed=run_seed, step=step)
 
 

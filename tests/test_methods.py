@@ -23,7 +23,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gluon.comm import InProcessComm
+from gluon.comm import InProcessComm, encode
 from gluon.compressors import Identity, Natural, QSGD, RandK, TopK, Zero, make_compressor
 from gluon.engine import gradients_per_worker, simulate, train
 from gluon.lmo import Block, Euclidean
@@ -584,6 +584,23 @@ def test_costs_per_step_for_each_algorithm():
         assert {u for u, *_ in rows} == {True, False}
         for u, cost, _ in rows:
             assert cost == pytest.approx(sync_cost if u else other_cost, rel=1e-12), name
+
+
+def test_a_dense_message_costs_exactly_one_unit_so_a_budget_of_K_units_is_K_dense_rounds():
+    """Blocks of 1, 4 and 1 coordinates: 1/6 + 4/6 + 1/6 sums to 0.9999999999999999 in floats,
+    which made a budget of K units take a (K+1)-th step (the paper's CNN, 1.97M parameters in
+    its blocks, ran 501 Gluon steps under a budget of 500)."""
+    assert 1 / 6 + 4 / 6 + 1 / 6 != 1.0
+    problem = make_problem(shapes=[(1,), (2, 2), (1,)])
+    msg = encode(Identity(), [torch.ones(1), torch.ones(2, 2), torch.ones(1)], run_seed=0,
+                 worker=0, step=0, dim=6)
+    assert msg.cost == 1.0
+    m = build("gluon", Identity(), problem=problem)
+    assert train(m, 1000, log_every=10, evaluate=lambda m: {}, max_comm=50) == "ok"
+    assert m.k == 50 and m.comm.ledger.cost == 50.0
+    sparse = encode(RandK(0.5), [torch.ones(1), torch.ones(2, 2), torch.ones(1)], run_seed=0,
+                    worker=0, step=0, dim=6)
+    assert sparse.cost == 4 / 6                    # k = 1 + 2 + 1 of d = 6, one rounding
 
 
 def test_topk_bytes_include_the_indices():
