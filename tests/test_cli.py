@@ -112,6 +112,13 @@ def test_run_logs_start_progress_and_end_into_its_log_file(tmp_path, results_wit
     assert "[start]" in p.stdout                           # and the console has the same lines
 
 
+def test_a_progress_line_shows_a_slow_rate_not_zero_or_one():
+    """The paper's CNN on a CPU makes about half a step a second: '%.0f' printed 0 or 1."""
+    from experiments.run.record import _rate
+    assert [_rate(r) for r in (0.0042, 0.47, 3.14, 17.3, 250.4)] == \
+        ["0.0042", "0.47", "3.1", "17", "250"]
+
+
 # ---------------------------------------------------------------- one writer per run folder
 
 def test_a_second_writer_waits_then_skips(tmp_path, results_with_cache):

@@ -264,9 +264,14 @@ class Progress:
             key = "gap" if "gap" in row else "loss" if "loss" in row else None
             metric = f" | {'f - f*' if key == 'gap' else key} {row[key]:.4g}" if key else ""
         logging.getLogger("experiments.run").info(
-            "step %d/%d | uplink %.4g%s%s | %.0f steps/s | %.0f%% | %s left",
+            "step %d/%d | uplink %.4g%s%s | %s steps/s | %.0f%% | %s left",
             m.k, self.steps, comm, f"/{self.max_comm:g}" if self.max_comm else "", metric,
-            rate, 100 * done, _duration(left))
+            _rate(rate), 100 * done, _duration(left))
+
+
+def _rate(r: float) -> str:
+    """Steps a second: whole above 10, two significant digits below (0.47, not 0)."""
+    return f"{r:.0f}" if r >= 10 else f"{r:.2g}"
 
 
 def _duration(s: float) -> str:
