@@ -272,9 +272,9 @@ def path_agreement(fp32: list[Run], fast: list[Run], upto: float) -> list[dict]:
 
 def lr_transfer() -> list[dict]:
     """At the paper's width, seed 0: the tuning criterion (area under log loss, lower is better)
-    at the transferred lr and at x0.5 and x2."""
-    runs = load_runs(SWEEPS / "width64_lr") + [r for r in load_runs(SWEEPS / "width64")
-                                                if r.config["seed"] == 0]
+    at the transferred lr and at x0.5 and x2, and whether the transfer held (``transfer_held``)."""
+    width64 = load_runs(SWEEPS / "width64") if (SWEEPS / "width64").exists() else []
+    runs = load_runs(SWEEPS / "width64_lr") + [r for r in width64 if r.config["seed"] == 0]
     one_arithmetic(runs)      # the x1 point is width64's seed 0: the same machine as x0.5 and x2
     out = []
     for m in METHODS:
@@ -286,7 +286,47 @@ def lr_transfer() -> list[dict]:
             out.append({"method": m, "lr": lr, "times": round(lr / base, 3), "seed": r.config["seed"],
                         "score": log_area([r], "loss", float(r.config["max_comm"])),
                         "final_loss": r.rows[-1]["loss"]})
-    return sorted(out, key=lambda r: (r["method"], r["lr"]))
+    x1_scores = {m: [log_area([r], "loss", float(r.config["max_comm"])) for r in width64
+                     if r.config["method"]["name"] == m
+                     and math.isclose(r.config["method"]["lr"], tuned_lr(m))] for m in METHODS}
+    seeds = len(next(c for c in CONDITIONS if c.folder == "width64").seeds)
+    return sorted(transfer_held(out, x1_scores, seeds), key=lambda r: (r["method"], r["lr"]))
+
+
+def transfer_held(rows: list[dict], x1_scores: dict[str, list[float]], seeds: int) -> list[dict]:
+    """The rule fixed before the runs (docs/cnn_gap.md): for each method, the transfer held if the
+    transferred lr (x1) scores lowest of the three, or if the better neighbour beats it by less
+    than the seed-to-seed standard deviation of x1's score over width64's seeds (one seed cannot
+    resolve less). ``held`` is empty while x1 has fewer than ``seeds`` seeds or a point is missing; each
+    row gains its score minus x1's (``vs_x1``, negative: better than x1) and that deviation."""
+    out = []
+    for m in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == m]
+        x1 = next((r["score"] for r in mine if math.isclose(r["times"], 1.0)), math.nan)
+        xs = x1_scores.get(m, [])
+        sd = float(np.std(xs, ddof=1)) if len(xs) >= max(seeds, 2) else math.nan
+        complete = {round(r["times"], 3) for r in mine} >= {0.5, 1.0, 2.0}
+        margin = x1 - min(r["score"] for r in mine)        # how much the best of the three beats x1
+        held = "" if not complete or math.isnan(sd) else bool(margin <= 0 or margin < sd)
+        out += [{**r, "vs_x1": r["score"] - x1, "x1_seeds": len(xs), "x1_seed_sd": sd,
+                 "held": held} for r in mine]
+    return out
+
+
+def transfer_note(rows: list[dict]) -> str:
+    """One line of decomposition.md: the lr check's verdict per method, with its numbers."""
+    parts = []
+    for m in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == m]
+        best = min(mine, key=lambda r: r["score"])
+        if mine[0]["held"] == "":
+            lrs = ", ".join(f"x{r['times']:g}" for r in mine)
+            parts.append(f"{m} pending (finished: {lrs}; width64 seeds at x1: {mine[0]['x1_seeds']})")
+            continue
+        behind = ("" if math.isclose(best["times"], 1.0) else f", x1 behind it by {-best['vs_x1']:.4f}")
+        parts.append(f"{m} {'held' if mine[0]['held'] else 'did not hold'}: best x{best['times']:g}"
+                     f"{behind}; x1's seed sd {mine[0]['x1_seed_sd']:.4f} (area under log10 loss)")
+    return "lr check at 64/256/256, seed 0 (rule: docs/cnn_gap.md): " + "; ".join(parts)
 
 
 def finished(name: str) -> bool:
@@ -385,7 +425,9 @@ def aggregate() -> None:
         upto = float(panel_gluon[0].config["max_comm"])
         write_csv(path_agreement(runs_of("panel"), runs_of("budget"), upto), OUT / "fast_path.csv")
     if (SWEEPS / "width64_lr").exists() and TUNED.exists():
-        write_csv(lr_transfer(), OUT / "lr_transfer.csv")
+        transfer = lr_transfer()
+        write_csv(transfer, OUT / "lr_transfer.csv")
+        notes.append(transfer_note(transfer))
     if missing:
         notes.append("conditions not read until every method has finished every seed (seeds "
                      f"finished): {'; '.join(missing)}")

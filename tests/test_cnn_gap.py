@@ -354,6 +354,40 @@ def test_the_lr_check_refuses_a_transferred_point_from_another_machine(study):
         cnn_gap.lr_transfer()
 
 
+def test_the_lr_check_says_the_transfer_held_only_where_no_neighbour_beats_x1_by_more_than_seed_noise(study):
+    """The rule fixed before the runs: x1 holds if it scores best of x0.5, x1, x2, or if the better
+    neighbour beats it by less than the sd of x1's score over width64's 3 seeds. Here Gluon's x2
+    runs faster than seed noise (did not hold), Alg. 1's x0.5 is barely better (held) and Alg. 2's
+    x1 is best (held); with one width64 seed the verdict waits."""
+    comm = np.arange(0, 501, 2.0)
+    speed = {"gluon": {0.5: 0.7, 2.0: 1.6}, "alg1": {0.5: 1.005, 2.0: 0.8},
+             "alg2": {0.5: 0.8, 2.0: 0.9}}
+    for m in cnn_gap.METHODS:
+        base = cnn_gap.tuned_lr(m)
+        for times, v in speed[m].items():
+            write_run(cnn_gap.SWEEPS / "width64_lr" / m, f"lr={times}", m, 0, comm,
+                      gluon_loss(comm * v), lr=base * times)
+        write_run(cnn_gap.SWEEPS, "width64", m, 0, comm, gluon_loss(comm), lr=base)
+    pending = cnn_gap.lr_transfer()
+    assert {r["held"] for r in pending} == {""}
+    note = cnn_gap.transfer_note(pending)
+    assert "gluon pending (finished: x0.5, x1, x2; width64 seeds at x1: 1)" in note
+    for m in cnn_gap.METHODS:                # seeds 1 and 2 at x1: the seed-to-seed spread
+        for seed, jitter in ((1, 0.95), (2, 1.05)):
+            write_run(cnn_gap.SWEEPS, "width64", m, seed, comm, gluon_loss(comm * jitter),
+                      lr=cnn_gap.tuned_lr(m))
+    rows = cnn_gap.lr_transfer()
+    held = {r["method"]: r["held"] for r in rows}
+    assert held == {"gluon": False, "alg1": True, "alg2": True}
+    sd = {r["x1_seed_sd"] for r in rows if r["method"] == "alg1"}.pop()
+    alg1 = {r["times"]: r for r in rows if r["method"] == "alg1"}
+    assert 0 < -alg1[0.5]["vs_x1"] < sd and alg1[1.0]["vs_x1"] == 0
+    gluon = {r["times"]: r for r in rows if r["method"] == "gluon"}
+    assert -gluon[2.0]["vs_x1"] > gluon[2.0]["x1_seed_sd"]
+    note = cnn_gap.transfer_note(rows)
+    assert "gluon did not hold: best x2, x1 behind it by" in note and "alg2 held: best x1;" in note
+
+
 def test_the_gpu_control_differs_from_width64_in_the_widths_alone():
     """panel_gpu is the reference width64 is read against on a GPU: for every method and seed
     their runs' identities differ in task.widths and nothing else (the group is operational)."""
