@@ -336,6 +336,27 @@ def t_interval_reduction(c_method: np.ndarray, c_base: np.ndarray, *,
     return float(1 - r), float(1 - r - t * se), float(1 - r + t * se)
 
 
+def reduction_se(t_low: float, t_high: float, n: int, confidence: float = 0.95) -> float:
+    """The standard error behind a ``t_interval_reduction`` interval over ``n`` seeds: its
+    half-width over t_{n-1}."""
+    return (t_high - t_low) / (2 * stats.t.ppf(0.5 + confidence / 2, n - 1))
+
+
+def welch_difference(a: tuple[float, float, int], b: tuple[float, float, int], *,
+                     confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference a - b of two reductions, each given as (reduction, standard error, seeds),
+    and its Welch t-interval: se = sqrt(se_a^2 + se_b^2) on the Welch-Satterthwaite degrees of
+    freedom (each reduction's on n - 1). It takes the two as independent; where they are read
+    from the same runs or seeds and so correlate positively, the interval is conservative."""
+    (ra, sa, na), (rb, sb, nb) = a, b
+    var = sa ** 2 + sb ** 2
+    if var == 0:
+        return ra - rb, ra - rb, ra - rb
+    df = var ** 2 / (sa ** 4 / (na - 1) + sb ** 4 / (nb - 1))
+    half = stats.t.ppf(0.5 + confidence / 2, df) * math.sqrt(var)
+    return ra - rb, ra - rb - half, ra - rb + half
+
+
 @dataclass
 class Level:
     kind: str               # "eps" | "baseline_final"

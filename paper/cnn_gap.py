@@ -31,7 +31,8 @@ from experiments.run.config import sweep_dir
 from paper.fig2 import PAPER_CLAIM as FIG2_CLAIM
 from experiments.run.runs import atomic_write_text, group_key
 from analysis.statistics import (Run, final_level, group_runs, load_runs, log_area, read_csv,
-                              reduction_rows, run_curve, write_csv)
+                              reduction_rows, reduction_se, run_curve, welch_difference,
+                              write_csv)
 
 SWEEPS = sweep_dir("cnn", "cnn_gap/panel").parent   # each condition's sweep is SWEEPS/<name>
                                                    # (configs/experiment/cnn_gap: group)
@@ -86,6 +87,29 @@ CONDITIONS = (
 # 16/64/64 to 64/256/256, two runs at once (results/bench/cnn_paths_b64_pair.md).
 # `budget_at_500` measures what that changes: the same runs read at the reference's budget,
 # against the reference's fp32 runs.
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What one factor does to the reduction: a condition's minus its control's, per method."""
+    factor: str
+    condition: str
+    controls: tuple[str, ...]    # the first of them that is read (and, with same_arithmetic,
+                                 # computed as the condition was) is the control
+    same_arithmetic: bool = True
+
+
+EFFECTS = (
+    Effect("tuning: re-tuned settings against the committed panel's", "panel", ("panel_old",)),
+    Effect("budget: 2,000 units against 500 (the same runs)", "budget", ("budget_at_500",)),
+    Effect("width: 32/128/128 against 16/64/64", "width32", ("budget_at_500", "panel_gpu")),
+    Effect("width: 64/256/256 against 16/64/64", "width64", ("budget_at_500", "panel_gpu")),
+    Effect("arithmetic: the CPU fast path against fp32", "budget_at_500", ("panel",), False),
+    Effect("arithmetic: a GPU against the CPU", "panel_gpu", ("panel",), False),
+)
+# The width conditions are compared with the 16/64/64 condition computed the same way (the CPU
+# fast path's `budget_at_500`, or `panel_gpu` where the widths ran on a GPU), so that a width's
+# effect does not carry the arithmetic's.
 
 
 def arithmetic(run: Run) -> str:
@@ -159,6 +183,55 @@ def condition_rows(cond: Condition, groups: dict[str, list[Run]]) -> tuple[list[
             decomposition.append(row)
         curve.append(row)
     return decomposition, curve
+
+
+def effect_rows(decomposition: list[dict]) -> list[dict]:
+    """Per factor (EFFECTS) and compressed method: the reduction at Gluon's final level of the
+    condition minus its control's, in points of reduction, with a 95% Welch t-interval on the
+    two paired t-intervals' standard errors (docs/cnn_gap.md, "What each factor changes").
+    Factors whose condition or control is not read yet, or where a method does not reach the
+    level, are left out."""
+    at = {(r["condition"], r["method"]): r for r in decomposition
+          if r["metric"] == "smoothed_first_hit"}
+    rows = []
+    for e in EFFECTS:
+        for m in METHODS[1:]:
+            a = at.get((e.condition, m))
+            if a is None or _missing(a["reduction"]):
+                continue
+            b = next((at[(c, m)] for c in e.controls if (c, m) in at and not
+                      (e.same_arithmetic and at[(c, m)]["arithmetic"] != a["arithmetic"])), None)
+            if b is None or _missing(b["reduction"]):
+                continue
+            ends = [(r["reduction"], reduction_se(r["t_low"], r["t_high"], r["seeds"]), r["seeds"])
+                    for r in (a, b)]
+            diff, low, high = welch_difference(*ends)
+            rows.append({"factor": e.factor, "method": m, "condition": e.condition,
+                         "control": b["condition"], "reduction": a["reduction"],
+                         "control_reduction": b["reduction"], "seeds": a["seeds"],
+                         "control_seeds": b["seeds"], "effect": diff, "low": low, "high": high})
+    return rows
+
+
+def _missing(x) -> bool:
+    return x in ("", None) or (isinstance(x, float) and math.isnan(x))
+
+
+def _points(x: float) -> str:
+    p = round(100 * x)
+    return f"{p:+d}" if p else "0"
+
+
+def effects_markdown(rows: list[dict]) -> str:
+    lines = ["| factor | method | condition | its control | reduction | control's | change "
+             "(points) | 95% Welch t-interval | moves it? |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        moves = ("no" if r["low"] <= 0 <= r["high"] else "up" if r["low"] > 0 else "down")
+        lines.append(f"| {r['factor']} | {r['method']} | `{r['condition']}` ({r['seeds']}) | "
+                     f"`{r['control']}` ({r['control_seeds']}) | {_pct(r['reduction'])} | "
+                     f"{_pct(r['control_reduction'])} | {_points(r['effect'])} | "
+                     f"[{_points(r['low'])}, {_points(r['high'])}] | {moves} |")
+    return "\n".join(lines) + "\n"
 
 
 RULE_FROM = 500.0      # the rule's first candidate budget: the panel's (the condition runs longer)
@@ -389,6 +462,8 @@ def aggregate() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     write_csv(decomposition, OUT / "decomposition.csv")
     write_csv(curve, OUT / "levels.csv")
+    effects = effect_rows(decomposition)
+    write_csv(effects, OUT / "effects.csv")
     table = run_table()
     if len(table):
         write_table(table, OUT / "runs.csv")
@@ -432,7 +507,8 @@ def aggregate() -> None:
         notes.append("conditions not read until every method has finished every seed (seeds "
                      f"finished): {'; '.join(missing)}")
     atomic_write_text(OUT / "decomposition.md", markdown(decomposition) + "\n"
-                      + "".join(f"- {n}\n" for n in notes))
+                      + "".join(f"- {n}\n" for n in notes) + "\n"
+                      + "What each factor changes (`effects.csv`):\n\n" + effects_markdown(effects))
     print((OUT / "decomposition.md").read_text())
 
 

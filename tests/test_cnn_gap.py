@@ -284,15 +284,19 @@ def test_the_fast_path_is_compared_with_fp32_run_by_run_below_the_panels_budget(
     assert rows[1]["loss_rel_diff_max"] == 0.0
 
 
-def test_readme_quotes_the_committed_decomposition_table():
-    """The README's CNN-gap table is results/cnn_gap/decomposition.md's, row for row, so a
-    condition read by `aggregate` cannot be missing from it or quoted with other numbers."""
+def test_readme_quotes_the_committed_decomposition_and_effects_tables():
+    """The README's CNN-gap tables are results/cnn_gap/decomposition.md's, row for row, so a
+    condition or factor read by `aggregate` cannot be missing from them or quoted with other
+    numbers."""
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
     committed = (repo / "results" / "cnn_gap" / "decomposition.md").read_text()
-    table = "\n".join(line for line in committed.splitlines() if line.startswith("|"))
-    assert table.count("\n") >= 2                                     # a header, a rule, a row
-    assert table in (repo / "README.md").read_text()
+    readme = (repo / "README.md").read_text()
+    tables = [t for t in committed.split("\n\n") if t.startswith("|")]
+    assert len(tables) == 2                           # the decomposition, what each factor changes
+    for table in tables:
+        assert table.count("\n") >= 2                                 # a header, a rule, a row
+        assert table.strip() in readme
 
 
 def test_the_reduction_vs_level_curve_ends_at_the_decompositions_own_point(study):
@@ -431,3 +435,64 @@ def test_make_cnn_gap_skips_a_condition_finished_on_any_machine(study):
     with pytest.raises(SystemExit) as e:
         cnn_gap.main(["finished", "width32"])
     assert e.value.code == 1
+
+
+def _decomposition_row(condition, method, reduction, se, seeds, arithmetic="cpu+bf16"):
+    """A decomposition.csv row whose paired t-interval has standard error ``se``."""
+    from scipy import stats
+    half = stats.t.ppf(0.975, seeds - 1) * se
+    return {"condition": condition, "method": method, "metric": "smoothed_first_hit",
+            "arithmetic": arithmetic, "seeds": seeds, "reduction": reduction,
+            "t_low": reduction - half, "t_high": reduction + half}
+
+
+def test_a_factors_change_is_the_difference_of_reductions_with_a_welch_interval():
+    """The change is condition minus control; its interval is the Welch interval on the two
+    standard errors recovered from the conditions' t-intervals: with equal se and seeds it is
+    the difference +- t_{2(n-1)} sqrt(2) se."""
+    from scipy import stats
+    rows = [_decomposition_row("panel", "alg1", 0.75, 0.02, 5, "cpu"),
+            _decomposition_row("panel_old", "alg1", 0.25, 0.02, 5, "cpu")]
+    (e,) = cnn_gap.effect_rows(rows)
+    assert (e["condition"], e["control"]) == ("panel", "panel_old")
+    half = stats.t.ppf(0.975, 8) * math.sqrt(2) * 0.02
+    assert e["effect"] == pytest.approx(0.5)
+    assert (e["low"], e["high"]) == pytest.approx((0.5 - half, 0.5 + half))
+    assert "| +50 | [+43, +57] | up |" in cnn_gap.effects_markdown([e])
+
+
+def test_a_width_is_compared_with_the_small_network_computed_the_same_way():
+    """A width's change does not carry the arithmetic's: on the CPU fast path its control is
+    `budget_at_500`, on a GPU `panel_gpu`; a method that does not reach Gluon's level has no
+    change."""
+    base = [_decomposition_row("budget_at_500", m, 0.74, 0.02, 5) for m in ("alg1", "alg2")]
+    base += [_decomposition_row("panel_gpu", m, 0.70, 0.02, 5, "cuda+bf16") for m in ("alg1", "alg2")]
+    gpu = [_decomposition_row("width64", "alg1", 0.80, 0.03, 3, "cuda+bf16"),
+           {**_decomposition_row("width64", "alg2", 0.8, 0.03, 3, "cuda+bf16"),
+            "reduction": math.nan}]
+    width = [e for e in cnn_gap.effect_rows(base + gpu) if e["condition"] == "width64"]
+    assert [(e["method"], e["control"]) for e in width] == [("alg1", "panel_gpu")]
+    assert width[0]["effect"] == pytest.approx(0.10)
+    cpu = [_decomposition_row("width64", m, 0.80, 0.03, 3) for m in ("alg1", "alg2")]
+    width = [e for e in cnn_gap.effect_rows(base + cpu) if e["condition"] == "width64"]
+    assert [e["control"] for e in width] == ["budget_at_500"] * 2
+
+
+def test_the_change_interval_covers_the_true_change_in_95_percent_of_simulated_studies():
+    """Two independent conditions (5 and 3 seeds) with known mean uplinks: the Welch interval
+    built from the two paired t-intervals covers the true difference of reductions about 95% of
+    the time (the delta method and Welch's df are approximations: 92-98% is asked)."""
+    from analysis.statistics import reduction_se, t_interval_reduction, welch_difference
+    rng = np.random.default_rng(0)
+    truth = (1 - 110 / 460) - (1 - 120 / 455)
+    covered, trials = 0, 2000
+    for _ in range(trials):
+        ends = []
+        for n, cm, cb in ((3, 110, 460), (5, 120, 455)):
+            gluon = cb + 25 * rng.standard_normal(n)
+            method = cm * gluon / cb + 12 * rng.standard_normal(n)
+            red, lo, hi = t_interval_reduction(method, gluon)
+            ends.append((red, reduction_se(lo, hi, n), n))
+        _, lo, hi = welch_difference(*ends)
+        covered += lo <= truth <= hi
+    assert 0.92 <= covered / trials <= 0.98
