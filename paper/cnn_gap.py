@@ -94,18 +94,24 @@ class Effect:
     """What one factor does to the reduction: a condition's minus its control's, per method."""
     factor: str
     condition: str
+    phrase: str                  # the factor in the answer's sentence
     controls: tuple[str, ...]    # the first of them that is read (and, with same_arithmetic,
                                  # computed as the condition was) is the control
     same_arithmetic: bool = True
 
 
 EFFECTS = (
-    Effect("tuning: re-tuned settings against the committed panel's", "panel", ("panel_old",)),
-    Effect("budget: 2,000 units against 500 (the same runs)", "budget", ("budget_at_500",)),
-    Effect("width: 32/128/128 against 16/64/64", "width32", ("budget_at_500", "panel_gpu")),
-    Effect("width: 64/256/256 against 16/64/64", "width64", ("budget_at_500", "panel_gpu")),
-    Effect("arithmetic: the CPU fast path against fp32", "budget_at_500", ("panel",), False),
-    Effect("arithmetic: a GPU against the CPU", "panel_gpu", ("panel",), False),
+    Effect("tuning: re-tuned settings against the committed panel's", "panel", "re-tuning",
+           ("panel_old",)),
+    Effect("budget: 2,000 units against 500 (the same runs)", "budget",
+           "a budget of 2,000 units instead of 500", ("budget_at_500",)),
+    Effect("width: 32/128/128 against 16/64/64", "width32", "the width 32/128/128",
+           ("budget_at_500", "panel_gpu")),
+    Effect("width: 64/256/256 against 16/64/64", "width64", "the paper's width 64/256/256",
+           ("budget_at_500", "panel_gpu")),
+    Effect("arithmetic: the CPU fast path against fp32", "budget_at_500", "the CPU fast path",
+           ("panel",), False),
+    Effect("arithmetic: a GPU against the CPU", "panel_gpu", "a GPU", ("panel",), False),
 )
 # The width conditions are compared with the 16/64/64 condition computed the same way (the CPU
 # fast path's `budget_at_500`, or `panel_gpu` where the widths ran on a GPU), so that a width's
@@ -206,11 +212,73 @@ def effect_rows(decomposition: list[dict]) -> list[dict]:
             ends = [(r["reduction"], reduction_se(r["t_low"], r["t_high"], r["seeds"]), r["seeds"])
                     for r in (a, b)]
             diff, low, high = welch_difference(*ends)
-            rows.append({"factor": e.factor, "method": m, "condition": e.condition,
+            rows.append({"factor": e.factor, "phrase": e.phrase, "method": m, "condition": e.condition,
                          "control": b["condition"], "reduction": a["reduction"],
                          "control_reduction": b["reduction"], "seeds": a["seeds"],
                          "control_seeds": b["seeds"], "effect": diff, "low": low, "high": high})
     return rows
+
+
+ANSWER_NEEDS = ("panel_old", "panel", "budget", "budget_at_500", "width32", "width64")
+METHOD_NAMES = {"alg1": "Alg. 1", "alg2": "Alg. 2"}
+
+
+def _interval(lo: float, hi: float, points: bool = False) -> str:
+    f = _points if points else (lambda x: f"{100 * x:.0f}")
+    return f"[{f(lo)}, {f(hi)}]"
+
+
+def answer(decomposition: list[dict], effects: list[dict]) -> str:
+    """The study's answer in one sentence, from the tables alone: which factors move the
+    reduction at Gluon's final level (their change's interval excludes 0), by how much, and
+    where the paper's about 65% lies against every condition's t-interval. Pending until every
+    condition in ANSWER_NEEDS is read (`panel_gpu` runs only on a GPU and is not needed)."""
+    rows = [r for r in decomposition if r["metric"] == "smoothed_first_hit"
+            and r["method"] in METHOD_NAMES]
+    read = {r["condition"] for r in rows}
+    if not set(ANSWER_NEEDS) <= read:
+        return ("pending until every condition is read (not yet: "
+                + ", ".join(c for c in ANSWER_NEEDS if c not in read) + ")")
+    moves, still, mixed = [], [], []
+    for phrase in dict.fromkeys(e["phrase"] for e in effects):
+        mine = [e for e in effects if e["phrase"] == phrase]
+        nums = " and ".join(f"{_points(e['effect'])} {_interval(e['low'], e['high'], True)}"
+                            for e in mine)
+        moved = [e for e in mine if not e["low"] <= 0 <= e["high"]]
+        if len(moved) == len(mine):
+            moves.append(f"{phrase} ({nums})")
+        elif not moved:
+            still.append(f"{phrase} ({nums})")
+        else:
+            only = " and ".join(METHOD_NAMES[e["method"]] for e in moved)
+            mixed.append(f"{phrase} moves it for {only} only ({nums})")
+    sides: dict[str, dict[str, list[str]]] = {"exceeded (below the whole interval)": {},
+                                              "inside the interval": {},
+                                              "not reached (above the interval)": {}}
+    controls = {c.name for c in CONDITIONS if c.control}
+    for r in rows:
+        if r["condition"] in controls or _missing(r["reduction"]):
+            continue
+        side = list(sides)[0 if r["t_low"] > PAPER_CLAIM else 2 if r["t_high"] < PAPER_CLAIM else 1]
+        sides[side].setdefault(r["condition"], []).append(
+            f"{METHOD_NAMES[r['method']]} {_pct(r['reduction'])} {_interval(r['t_low'], r['t_high'])}")
+    n = sum(len(v) for by in sides.values() for v in by.values())
+    where = "; ".join(f"{side} in {sum(map(len, by.values()))} of {n}: "
+                      + _and([f"`{c}` " + " and ".join(v) for c, v in by.items()])
+                      for side, by in sides.items() if by)
+    parts = []
+    if moves:
+        parts.append("The reduction at Gluon's final level (Alg. 1 and Alg. 2 in turn, in points, "
+                     "95% Welch t-intervals) moves with " + _and(moves))
+    if mixed:
+        parts.append(_and(mixed))
+    if still:
+        parts.append(_and(still) + (" do" if len(still) > 1 else " does") + " not move it")
+    return "; ".join(parts) + f"; against 95% t-intervals, the paper's about 65% is {where}."
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _missing(x) -> bool:
@@ -508,7 +576,8 @@ def aggregate() -> None:
                      f"finished): {'; '.join(missing)}")
     atomic_write_text(OUT / "decomposition.md", markdown(decomposition) + "\n"
                       + "".join(f"- {n}\n" for n in notes) + "\n"
-                      + "What each factor changes (`effects.csv`):\n\n" + effects_markdown(effects))
+                      + "What each factor changes (`effects.csv`):\n\n" + effects_markdown(effects)
+                      + f"\nAnswer: {answer(decomposition, effects)}\n")
     print((OUT / "decomposition.md").read_text())
 
 

@@ -297,6 +297,9 @@ def test_readme_quotes_the_committed_decomposition_and_effects_tables():
     for table in tables:
         assert table.count("\n") >= 2                                 # a header, a rule, a row
         assert table.strip() in readme
+    (answer,) = [line for line in committed.splitlines() if line.startswith("Answer: ")]
+    if not answer.startswith("Answer: pending"):
+        assert answer[len("Answer: "):] in " ".join(readme.split())   # however the README wraps it
 
 
 def test_the_reduction_vs_level_curve_ends_at_the_decompositions_own_point(study):
@@ -496,3 +499,48 @@ def test_the_change_interval_covers_the_true_change_in_95_percent_of_simulated_s
         _, lo, hi = welch_difference(*ends)
         covered += lo <= truth <= hi
     assert 0.92 <= covered / trials <= 0.98
+
+
+def _answer_rows(width64_alg2=(0.77, 0.64, 0.90)):
+    """Every condition the answer needs: the reductions (point, t_low, t_high) it is built from."""
+    from scipy import stats
+    table = {("panel_old", "cpu"): [(0.21, 0.13, 0.29), (0.43, 0.28, 0.59)],
+             ("panel", "cpu"): [(0.75, 0.71, 0.78), (0.75, 0.71, 0.79)],
+             ("budget", "cpu+bf16"): [(0.86, 0.82, 0.90), (0.86, 0.82, 0.90)],
+             ("budget_at_500", "cpu+bf16"): [(0.74, 0.69, 0.80), (0.74, 0.69, 0.80)],
+             ("width32", "cpu+bf16"): [(0.75, 0.68, 0.82), (0.77, 0.64, 0.90)],
+             ("width64", "cpu+bf16"): [(0.60, 0.55, 0.65), width64_alg2]}
+    rows = []
+    for (cond, arith), reds in table.items():
+        for m, (red, lo, hi) in zip(("alg1", "alg2"), reds):
+            se = (hi - lo) / (2 * stats.t.ppf(0.975, 4))
+            rows.append({**_decomposition_row(cond, m, red, se, 5, arith), "t_low": lo, "t_high": hi})
+    return rows
+
+
+def test_the_answer_waits_for_every_condition_but_the_gpu_control():
+    rows = [r for r in _answer_rows() if r["condition"] != "width64"]
+    assert cnn_gap.answer(rows, cnn_gap.effect_rows(rows)) == \
+        "pending until every condition is read (not yet: width64)"
+    rows = _answer_rows()                                             # no panel_gpu: not needed
+    assert not cnn_gap.answer(rows, cnn_gap.effect_rows(rows)).startswith("pending")
+
+
+def test_the_answer_sorts_factors_by_whether_their_change_excludes_zero_and_places_65_percent():
+    """Re-tuning and budget move the reduction for both methods; the paper's width moves it for
+    Alg. 1 alone (-14 points, its interval below 0); the other width and the fast path move
+    neither. 65% is below, inside or above each non-control condition's t-interval."""
+    rows = _answer_rows()
+    text = cnn_gap.answer(rows, cnn_gap.effect_rows(rows))
+    moves, mixed, still, where = text.split("; ", 3)
+    assert moves.startswith("The reduction at Gluon's final level") and "re-tuning (+54" in moves
+    assert "a budget of 2,000 units instead of 500 (+12" in moves
+    assert mixed.startswith("the paper's width 64/256/256 moves it for Alg. 1 only (-14")
+    assert still.startswith("the width 32/128/128 (+1") and "the CPU fast path (-1" in still
+    assert still.endswith("do not move it")
+    assert "exceeded (below the whole interval) in 5 of 10" in where
+    assert "inside the interval in 3 of 10: `width32` Alg. 2 77% [64, 90] and `width64` Alg. 1 " \
+           "60% [55, 65] and Alg. 2 77% [64, 90]" in where
+    assert "not reached (above the interval) in 2 of 10: `panel_old` Alg. 1 21% [13, 29] and " \
+           "Alg. 2 43% [28, 59]." in where
+    assert "budget_at_500" not in where                               # a control, not a reading
