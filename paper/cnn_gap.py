@@ -652,7 +652,8 @@ def markdown(rows: list[dict]) -> str:
 def plot(out: Path = FIG) -> None:
     """figures/cnn_gap.png: the reduction against the target level, one panel per compressed
     method and one line (with its 95% t-band) per condition, EF21-Muon beside them as the
-    equal-compute baseline; and the reduction at Gluon's final level per condition and method."""
+    equal-compute baseline; the reduction at Gluon's final level per condition and method; and
+    what each factor changes (effects.csv)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -662,9 +663,12 @@ def plot(out: Path = FIG) -> None:
     dec = [r for r in read_csv(OUT / "decomposition.csv") if r["metric"] == "smoothed_first_hit"] \
         if (OUT / "decomposition.csv").exists() else []
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
-    fig = plt.figure(figsize=(13, 10))
-    grid = fig.add_gridspec(2, 2, height_ratios=[1, 0.9])
-    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
+    eff = read_csv(OUT / "effects.csv") if (OUT / "effects.csv").exists() \
+        and (OUT / "effects.csv").stat().st_size else []
+    fig = plt.figure(figsize=(13, 13))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 0.9, 0.55])
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :]),
+            fig.add_subplot(grid[2, :])]
     methods = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
                "ef21_muon": "EF21-Muon (TopK 1%, at Alg. 1's gradients)"}
     colors = {"panel_old": "0.55", "panel": "k", "budget": "C0", "budget_at_500": "C9",
@@ -729,6 +733,21 @@ def plot(out: Path = FIG) -> None:
     bx.set_xlabel("reduction at Gluon's final level (%), 95% t-interval")
     bx.set_title("One factor at a time", fontsize=10)
     bx.grid(True, axis="x", alpha=0.3)
+
+    cx = axes[3]               # what each factor changes: condition minus control, Welch interval
+    for i, r in enumerate(eff):
+        y = len(eff) - i
+        cx.errorbar(100 * r["effect"], y, xerr=[[100 * (r["effect"] - r["low"])],
+                                                [100 * (r["high"] - r["effect"])]],
+                    fmt=marker[r["method"]], color=colors.get(r["condition"], "k"), capsize=3)
+    cx.set_yticks(range(len(eff), 0, -1),
+                  [f"{r['phrase']} ({r['condition']} - {r['control']}): "
+                   f"{methods[r['method']].split(' (')[0]}" for r in eff], fontsize=8)
+    cx.set_ylim(0.4, len(eff) + 0.6)
+    cx.axvline(0, color="k", lw=0.8)
+    cx.set_xlabel("change in the reduction at Gluon's final level (points), 95% Welch t-interval")
+    cx.set_title("What each factor changes", fontsize=10)
+    cx.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     for ext in ("png", "pdf"):
