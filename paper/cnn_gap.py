@@ -215,7 +215,8 @@ def effect_rows(decomposition: list[dict]) -> list[dict]:
             rows.append({"factor": e.factor, "phrase": e.phrase, "method": m, "condition": e.condition,
                          "control": b["condition"], "reduction": a["reduction"],
                          "control_reduction": b["reduction"], "seeds": a["seeds"],
-                         "control_seeds": b["seeds"], "effect": diff, "low": low, "high": high})
+                         "control_seeds": b["seeds"], "effect": diff, "low": low, "high": high,
+                         "moves": "no" if low <= 0 <= high else "up" if low > 0 else "down"})
     return rows
 
 
@@ -244,7 +245,7 @@ def answer(decomposition: list[dict], effects: list[dict]) -> str:
         mine = [e for e in effects if e["phrase"] == phrase]
         nums = " and ".join(f"{_points(e['effect'])} {_interval(e['low'], e['high'], True)}"
                             for e in mine)
-        moved = [e for e in mine if not e["low"] <= 0 <= e["high"]]
+        moved = [e for e in mine if e["moves"] != "no"]
         if len(moved) == len(mine):
             moves.append(f"{phrase} ({nums})")
         elif not moved:
@@ -294,11 +295,10 @@ def effects_markdown(rows: list[dict]) -> str:
     lines = ["| factor | method | condition | its control | reduction | control's | change "
              "(points) | 95% Welch t-interval | moves it? |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        moves = ("no" if r["low"] <= 0 <= r["high"] else "up" if r["low"] > 0 else "down")
         lines.append(f"| {r['factor']} | {r['method']} | `{r['condition']}` ({r['seeds']}) | "
                      f"`{r['control']}` ({r['control_seeds']}) | {_pct(r['reduction'])} | "
                      f"{_pct(r['control_reduction'])} | {_points(r['effect'])} | "
-                     f"[{_points(r['low'])}, {_points(r['high'])}] | {moves} |")
+                     f"[{_points(r['low'])}, {_points(r['high'])}] | {r['moves']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -625,7 +625,7 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
 
 
 def _pct(x) -> str:
-    return "-" if x in ("", None) or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+    return "-" if _missing(x) else f"{100 * x:.0f}%"
 
 
 def markdown(rows: list[dict]) -> str:
