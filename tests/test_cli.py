@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.run.lifecycle import LOCK, is_locked
-from experiments.run.runs import read_rows, read_summary
+from experiments.run.runs import read_rows, read_summary, shown
 from experiments.run.sweep import run_status, sbatch_script
 from tests.conftest import CONFIGS, REPO, compose_config
 
@@ -147,12 +147,22 @@ def test_a_second_writer_waits_then_skips(tmp_path, results_with_cache):
     out_first, _ = first.communicate(timeout=300)
     said += second.communicate(timeout=300)[0]
     assert first.returncode == 0 and second.returncode == 0, out_first + said
-    assert "being written by pid" in said and "waiting" in said and "[skip]" in said
+    assert f"{run_dir} is being written by pid" in said and "waiting" in said and "[skip]" in said
     rows = read_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(0, 6001, 100))   # one writer: no row twice
     assert read_summary(run_dir)["status"] == "ok"
     assert not is_locked(run_dir) and (run_dir / LOCK).exists()
     assert run_status(run_dir) == "ok"
+
+
+def test_a_log_names_a_run_folder_inside_the_working_directory_relative_to_it(tmp_path,
+                                                                             monkeypatch):
+    """A run's log is committed with its results: it must not hold the writing machine's paths."""
+    monkeypatch.chdir(tmp_path)
+    assert shown(tmp_path / "results" / "sweeps" / "run") == "results/sweeps/run"
+    assert shown(Path("results/run")) == "results/run"
+    outside = tmp_path.parent / "elsewhere"
+    assert shown(outside) == str(outside)         # outside it, the whole path says where
 
 
 def test_two_submissions_of_one_sweep_run_each_config_once(tmp_path, results_with_cache):

@@ -365,7 +365,7 @@ def _execute(cfg, config, data, run_dir, task, world, compressor) -> dict:
 def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict:
     """Refuse a folder holding another run; skip a finished run (its summary); else build the
     task's method and resume it from its checkpoint when one of this config is intact."""
-    where = _shown(run_dir)
+    where = runs.shown(run_dir)
     other = (other_run(run_dir, config, data, _checkpoint_name(world), world.writer)
              if not cfg.overwrite else None)
     if world.any(other is not None):          # never overwritten: the ranks stop together
@@ -504,12 +504,12 @@ def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = C
     if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
         why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
                else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
-        return (f"{_shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
+        return (f"{runs.shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
                 "folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
     path = run_dir / checkpoint
     saved = load_checkpoint(path) if s is None and path.exists() else None
     if saved is not None and saved.get("config") != comparable(config):
-        return (f"{_shown(run_dir)} holds the checkpoint of another run "
+        return (f"{runs.shown(run_dir)} holds the checkpoint of another run "
                 f"({runs.difference(config, saved.get('config'))})\n  choose another folder "
                 "(hydra.run.dir=PATH), or pass overwrite=true to replace that run")
     return None
@@ -531,7 +531,7 @@ def environmental(err: BaseException | None) -> OSError | None:
 
 def _stopped(err: OSError, checkpoint: Path) -> str:
     """What stopped the run and what is kept, in two lines."""
-    what = _shown(Path(err.filename)) if err.filename else "a file"
+    what = runs.shown(Path(err.filename)) if err.filename else "a file"
     if err.errno in FULL:
         first, fix = f"no space left on the device writing {what}", "free space"
     else:
@@ -539,19 +539,11 @@ def _stopped(err: OSError, checkpoint: Path) -> str:
         fix = "make the folder writable (or choose another: hydra.run.dir=PATH, results_dir=PATH)"
     saved = load_checkpoint(checkpoint) if checkpoint.exists() else None
     if saved is not None:
-        kept = (f"the last good checkpoint, {_shown(checkpoint)} (step {saved['method']['k']}), "
+        kept = (f"the last good checkpoint, {runs.shown(checkpoint)} (step {saved['method']['k']}), "
                 f"is kept: {fix}, then run the same command to resume from it")
     else:
         kept = f"no checkpoint was written yet: {fix}, then run the same command to start over"
     return f"{first}\n  {kept}"
-
-
-def _shown(run_dir: Path) -> str:
-    """The run folder as the logs show it: relative to the working directory when inside it."""
-    try:
-        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(run_dir)
 
 
 def _checkpoint_name(world: World) -> str:
@@ -592,15 +584,15 @@ def _extension(folder: Path, run_dir: Path, config: dict, data: str | None, cfg)
         if why is None:
             why = _rows_problem(twin, saved)
         if why is not None:
-            log.info("[extend] %s: not from %s: %s", _shown(run_dir), _shown(twin), why)
+            log.info("[extend] %s: not from %s: %s", runs.shown(run_dir), runs.shown(twin), why)
             continue
         with open(twin / runs.METRICS, "rb") as fh:
             rows = b"".join(line for line, _ in zip(fh, range(int(saved["rows"]))))
         runs.atomic_write(run_dir / runs.METRICS, lambda fh: fh.write(rows))
-        log.info("[extend] %s: from %s at step %d (%d rows copied)", _shown(run_dir),
-                 _shown(twin), saved["method"]["k"], saved["rows"])
+        log.info("[extend] %s: from %s at step %d (%d rows copied)", runs.shown(run_dir),
+                 runs.shown(twin), saved["method"]["k"], saved["rows"])
         return {**saved, "config": comparable(config), "job": None, "wandb_id": None,
-                "extended_from": _shown(twin)}
+                "extended_from": runs.shown(twin)}
     return None
 
 
@@ -640,7 +632,7 @@ def _resumable(saved: dict | None, config: dict, overwrite: bool,
         return None
     problem = _rows_problem(run_dir, saved) if run_dir is not None else None
     if problem:
-        log.info("[checkpoint] %s: %s: starting over", _shown(run_dir), problem)
+        log.info("[checkpoint] %s: %s: starting over", runs.shown(run_dir), problem)
         return None
     return saved
 

@@ -330,6 +330,15 @@ def difference(a: dict | None, b: dict | None) -> str:
 
 # ---------------------------------------------------------------- one writer per folder
 
+def shown(run_dir: Path) -> str:
+    """The run folder as the logs show it: relative to the working directory when inside it, so
+    a run's log, committed with its results, holds no path of the machine that wrote it."""
+    try:
+        return str(Path(run_dir).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 class RunLock:
     """An exclusive lock on a run folder (``<run_dir>/.lock``, flock): one writer at a time.
 
@@ -350,7 +359,7 @@ class RunLock:
             self._fh.seek(0)
             holder = self._fh.read().strip() or "another process"
             logging.getLogger("experiments.run").info(
-                "%s is being written by %s: waiting for it", self.path.parent, holder)
+                "%s is being written by %s: waiting for it", shown(self.path.parent), holder)
             fcntl.flock(self._fh, fcntl.LOCK_EX)
         self._fh.seek(0)
         self._fh.truncate()
