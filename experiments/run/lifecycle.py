@@ -504,8 +504,8 @@ def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = C
     if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
         why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
                else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
-        return (f"{runs.shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose another "
-                "folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+        return (f"{runs.shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose "
+                "another folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
     path = run_dir / checkpoint
     saved = load_checkpoint(path) if s is None and path.exists() else None
     if saved is not None and saved.get("config") != comparable(config):
@@ -539,8 +539,9 @@ def _stopped(err: OSError, checkpoint: Path) -> str:
         fix = "make the folder writable (or choose another: hydra.run.dir=PATH, results_dir=PATH)"
     saved = load_checkpoint(checkpoint) if checkpoint.exists() else None
     if saved is not None:
-        kept = (f"the last good checkpoint, {runs.shown(checkpoint)} (step {saved['method']['k']}), "
-                f"is kept: {fix}, then run the same command to resume from it")
+        kept = (f"the last good checkpoint, {runs.shown(checkpoint)} "
+                f"(step {saved['method']['k']}), is kept: {fix}, then run the same command to "
+                "resume from it")
     else:
         kept = f"no checkpoint was written yet: {fix}, then run the same command to start over"
     return f"{first}\n  {kept}"

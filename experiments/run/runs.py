@@ -328,8 +328,6 @@ def difference(a: dict | None, b: dict | None) -> str:
     return "the data"
 
 
-# ---------------------------------------------------------------- one writer per folder
-
 def shown(run_dir: Path) -> str:
     """The run folder as the logs show it: relative to the working directory when inside it, so
     a run's log, committed with its results, holds no path of the machine that wrote it."""
@@ -338,6 +336,8 @@ def shown(run_dir: Path) -> str:
     except ValueError:
         return str(run_dir)
 
+
+# ---------------------------------------------------------------- one writer per folder
 
 class RunLock:
     """An exclusive lock on a run folder (``<run_dir>/.lock``, flock): one writer at a time.
