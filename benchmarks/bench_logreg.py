@@ -24,18 +24,23 @@ from experiments.tasks import libsvm_file, split
 from experiments.run.runs import atomic_write_text
 from experiments.tasks.logreg import LogRegOracle, load_libsvm
 
+# row label -> (method name, compressor, hyperparameters). "alg2 with C = 0" is Local Gluon as
+# it was before it skipped the Delta that C = 0 discards: the same iterates, two more gradients
+# per worker on every step without a sync.
 SETTINGS = {
-    "gluon": ("identity", {}),
+    "gluon": ("identity", {}), "large_batch_gluon": ("identity", dict(B=4)),
     "alg1": ("randk", dict(q=0.1, B=4)), "alg2": ("topk", dict(q=0.1, B=4)),
     "alg3": ("randk", dict(q=0.1, B=4)), "alg4": ("topk", dict(q=0.1, B=4)),
     "vr_marina": ("randk", dict(q=0.1)), "ef21_muon": ("topk", {}),
-    "local_gluon": ("zero", dict(q=0.1, B=4)), "local_gluon_ecmvr": ("zero", dict(q=0.1, B=4)),
+    "local_gluon": ("zero", dict(q=0.1, B=4)), "alg2 with C = 0": ("zero", dict(q=0.1, B=4)),
+    "local_gluon_ecmvr": ("zero", dict(q=0.1, B=4)),
     "vr_gluon": ("identity", dict(q=0.25)),
 }
 
 
-def make(name, oracles, seed=0):
-    comp, hp = SETTINGS[name]
+def make(label, oracles, seed=0):
+    comp, hp = SETTINGS[label]
+    name = label.split()[0]
     c = gluon.make_compressor(comp, **({"density": 0.01} if comp in ("randk", "topk") else {}))
     lr = 0.1 if name == "vr_marina" else 0.01
     return gluon.simulate(name, [torch.zeros(oracles[0].A.shape[1])], oracles, compressor=c,

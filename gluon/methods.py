@@ -231,6 +231,26 @@ class Alg2(Method):
         return self.advance(self.plus_g(y))
 
 
+class LocalGluon(Alg2):
+    """Local Gluon (Section 4.1): Alg. 2 with C = 0, without the work that C = 0 throws away.
+
+    With C = 0 every message between two syncs is zero, so g^{k+1} = g^k and the error memory
+    is never read before the next sync resets it: "we actually do not need to calculate y and
+    e". A step without a sync therefore evaluates no Delta, keeps no e and sends no message;
+    only the syncs cost gradients (B per worker) and uplink. Each worker still draws the
+    minibatch that Alg. 2's Delta would use, and discards it, so the data stream and hence the
+    iterates are exactly those of Alg. 2 with the zero compressor (a test checks it).
+    """
+    name = "local_gluon"
+
+    def _direction(self):
+        if self.u:
+            return self.advance(self.full_sync())
+        for w in self.workers:
+            w.sample(1)                  # the minibatch of Alg. 2's Delta: drawn, not evaluated
+        return self.advance(self.g)      # g^{k+1} = g^k + C(Delta + e) = g^k
+
+
 class Alg3(Method):
     """Compressed Gluon with momentum variance reduction, unbiased Q (Algorithm 3)."""
     name = "alg3"
@@ -411,17 +431,18 @@ _MOMENTUM = {"beta", "lr"}
 _TRICK, _NO_TRICK = {"scale_by_B": True}, {"scale_by_B": False}
 
 METHODS: dict[str, MethodSpec] = {
-    # name                     class     compressor  update      fixed               settings          defaults   rule            doc
-    "alg1":              _spec(Alg1,     None,       "lmo",      {},                 _SYNC,            _TRICK,    None,           "Alg. 1, unbiased Q"),
-    "alg2":              _spec(Alg2,     None,       "lmo",      {},                 _SYNC,            _TRICK,    None,           "Alg. 2, EF, contraction C"),
-    "alg3":              _spec(Alg3,     None,       "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Alg. 3, MVR, unbiased Q"),
-    "alg4":              _spec(Alg4,     None,       "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Alg. 4, EF + MVR, contraction C"),
-    "gluon":             _spec(Alg1,     "identity", "lmo",      {"q": 1.0, "B": 1}, _MOMENTUM,        {},        None,           "Gluon: Alg. 1, q = B = 1"),
-    "vr_marina":         _spec(VRMarina, None,       "gradient", {},                 _SYNC | {"full"}, _NO_TRICK, None,           "VR-MARINA with momentum"),
-    "ef21_muon":         _spec(EF21Muon, None,       "lmo",      {},                 _MOMENTUM,        {},        None,           "EF21-Muon, uplink only"),
-    "local_gluon":       _spec(Alg2,     "zero",     "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Local Gluon: Alg. 2, C = 0"),
-    "local_gluon_ecmvr": _spec(Alg4,     "zero",     "lmo",      {},                 _SYNC,            _NO_TRICK, None,           "Local Gluon EC-MVR: Alg. 4, C = 0"),
-    "vr_gluon":          _spec(Alg1,     "identity", "lmo",      {},                 _SYNC,            _NO_TRICK, _vr_gluon_rule, "VR Gluon (Sec. 2.2): B = 1/q"),
+    # name                     class       compressor  update      fixed               settings             defaults   rule            doc
+    "alg1":              _spec(Alg1,       None,       "lmo",      {},                 _SYNC,               _TRICK,    None,           "Alg. 1, unbiased Q"),
+    "alg2":              _spec(Alg2,       None,       "lmo",      {},                 _SYNC,               _TRICK,    None,           "Alg. 2, EF, contraction C"),
+    "alg3":              _spec(Alg3,       None,       "lmo",      {},                 _SYNC,               _NO_TRICK, None,           "Alg. 3, MVR, unbiased Q"),
+    "alg4":              _spec(Alg4,       None,       "lmo",      {},                 _SYNC,               _NO_TRICK, None,           "Alg. 4, EF + MVR, contraction C"),
+    "gluon":             _spec(Alg1,       "identity", "lmo",      {"q": 1.0, "B": 1}, _MOMENTUM,           {},        None,           "Gluon: Alg. 1, q = B = 1"),
+    "large_batch_gluon": _spec(Alg1,       "identity", "lmo",      {"q": 1.0},         _MOMENTUM | {"B"},   {},        None,           "Gluon on B minibatches: Alg. 1, q = 1"),
+    "vr_marina":         _spec(VRMarina,   None,       "gradient", {},                 _SYNC | {"full"},    _NO_TRICK, None,           "VR-MARINA with momentum"),
+    "ef21_muon":         _spec(EF21Muon,   None,       "lmo",      {},                 _MOMENTUM,           {},        None,           "EF21-Muon, uplink only"),
+    "local_gluon":       _spec(LocalGluon, "zero",     "lmo",      {},                 _SYNC,               _NO_TRICK, None,           "Local Gluon: Alg. 2, C = 0"),
+    "local_gluon_ecmvr": _spec(Alg4,       "zero",     "lmo",      {},                 _SYNC,               _NO_TRICK, None,           "Local Gluon EC-MVR: Alg. 4, C = 0"),
+    "vr_gluon":          _spec(Alg1,       "identity", "lmo",      {},                 _SYNC,               _NO_TRICK, _vr_gluon_rule, "VR Gluon (Sec. 2.2): B = 1/q"),
 }
 
 
