@@ -57,7 +57,7 @@ def train(method: Method, steps: int, *, log_every: int | None,
           on_log: Callable[[dict], None] = lambda row: None,
           on_step: Callable[[Method], None] = lambda m: None,
           max_comm: float | None = None, log_comm: float | None = None,
-          max_grads: float | None = None) -> str:
+          max_grads: float | None = None, log_grads: float | None = None) -> str:
     """Run ``method`` until it has done ``steps`` steps (resuming from ``method.k``), or until
     its cumulative uplink cost per worker reaches ``max_comm`` (a communication budget), or
     until each worker has made ``max_grads`` gradient evaluations (a compute budget).
@@ -66,15 +66,18 @@ def train(method: Method, steps: int, *, log_every: int | None,
     compute_s, **evaluate(method)} (the costs: docs/cost.md) at step 0, at the end, every
     ``log_every`` steps (0 or None: never by step count) and, with ``log_comm``, at the first
     step whose uplink crosses each multiple of ``log_comm`` (rows aligned on communication, so
-    every method is looked at equally often per unit of uplink, however much its steps cost).
+    every method is looked at equally often per unit of uplink, however much its steps cost) and,
+    with ``log_grads``, likewise at each multiple of ``log_grads`` gradient evaluations per worker
+    (rows aligned on compute).
     Returns "ok", or "diverged" at the first logged row whose parameters or values are not
     finite (checked at logging steps only, so the check costs nothing in between; the run is
     then recorded, not crashed).
     """
-    if not log_every and not log_comm:
-        raise ValueError("train needs log_every > 0 or log_comm > 0")
-    if log_comm is not None and not log_comm > 0:
-        raise ValueError(f"log_comm must be > 0, got {log_comm}")
+    if not log_every and not log_comm and not log_grads:
+        raise ValueError("train needs log_every > 0, log_comm > 0 or log_grads > 0")
+    for name, value in (("log_comm", log_comm), ("log_grads", log_grads)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
     def log() -> bool:
         led = method.comm.ledger
         row = {"step": method.k, "comm": led.cost, "bytes": led.bytes,
@@ -94,14 +97,16 @@ def train(method: Method, steps: int, *, log_every: int | None,
                 or (max_comm is not None and method.comm.ledger.cost >= max_comm)
                 or (max_grads is not None and gradients_per_worker(method) >= max_grads))
 
-    def crossed(before: float) -> bool:   # stateless, so a resumed run logs the same rows
-        return bool(log_comm) and (math.floor(method.comm.ledger.cost / log_comm)
-                                   > math.floor(before / log_comm))
+    def crossed(every: float | None, before: float, now: float) -> bool:
+        # stateless, so a resumed run logs the same rows
+        return bool(every) and math.floor(now / every) > math.floor(before / every)
 
     while not done():
-        before = method.comm.ledger.cost
+        comm, grads = method.comm.ledger.cost, gradients_per_worker(method)
         method.step()
-        if (log_every and method.k % log_every == 0) or crossed(before) or done():
+        if ((log_every and method.k % log_every == 0) or done()
+                or crossed(log_comm, comm, method.comm.ledger.cost)
+                or crossed(log_grads, grads, gradients_per_worker(method))):
             if not log():
                 return "diverged"
         on_step(method)

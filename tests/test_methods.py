@@ -986,6 +986,33 @@ def test_train_logs_once_at_every_multiple_of_log_comm(name, comp):
         train(m, 70, log_every=0, log_comm=None, evaluate=_evaluate(problem))
 
 
+@pytest.mark.parametrize("name,comp", [("alg1", RandK(0.25)), ("local_gluon", Zero()),
+                                       ("large_batch_gluon", Identity())])
+def test_train_logs_once_at_every_multiple_of_log_grads_and_stops_at_max_grads(name, comp):
+    """Rows aligned on compute: a row at step 0, at the last step, and at exactly the steps whose
+    gradient count per worker crosses a multiple of log_grads; the run stops at the first step
+    at or past max_grads."""
+    problem = make_problem()
+    hp = {"large_batch_gluon": {"B": 3}}.get(name, {"q": 0.3, "B": 4})
+    m = build(name, comp, problem=problem, lr=0.02, **hp)
+    counts, rows = [], []
+    status = train(m, 10_000, log_every=0, log_grads=5, max_grads=120,
+                   evaluate=_evaluate(problem), on_log=rows.append,
+                   on_step=lambda mm: counts.append((mm.k, gradients_per_worker(mm))))
+    assert status == "ok"
+    prev, expected = 0.0, [0]
+    for k, g in counts:
+        if math.floor(g / 5) > math.floor(prev / 5) or g >= 120:
+            expected.append(k)
+        prev = g
+    assert [r["step"] for r in rows] == expected
+    assert rows[-1]["grads"] >= 120 and counts[-2][1] < 120
+    marks = [math.floor(r["grads"] / 5) for r in rows[1:-1]]
+    assert marks == sorted(set(marks))
+    with pytest.raises(ValueError, match="log_grads must be > 0"):
+        train(m, 70, log_every=0, log_grads=-1.0, evaluate=_evaluate(problem))
+
+
 @pytest.mark.parametrize("log_every", [1, 7])
 def test_train_reports_divergence_of_vr_marina_with_huge_lr(log_every):
     problem = make_problem(dtype=torch.float32)

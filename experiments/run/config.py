@@ -86,7 +86,8 @@ class RunConf:
     n_workers: int = 4
     batch_size: int = MISSING
     log_every: int = MISSING
-    log_comm: Optional[float] = None
+    log_comm: Optional[float] = None    # a row at each multiple of this uplink (units per worker)
+    log_grads: Optional[float] = None   # a row at each multiple of this compute (gradients per worker)
     data_dir: Optional[str] = None
     results_dir: str = "results"
     overwrite: bool = False
@@ -295,8 +296,10 @@ def validate(cfg: DictConfig, task=None, check_world: bool = True):
     _check(cfg.steps >= 0, "steps", cfg.steps, "must be >= 0")
     _check((cfg.log_every or 0) >= 0, "log_every", cfg.log_every, "must be >= 0")
     _check((cfg.get("log_comm") or 0) >= 0, "log_comm", cfg.get("log_comm"), "must be >= 0")
-    _check(bool(cfg.log_every or cfg.get("log_comm")), "log_every", cfg.log_every,
-           "set log_every (steps) or log_comm (uplink units) > 0: nothing would be logged")
+    _check((cfg.get("log_grads") or 0) >= 0, "log_grads", cfg.get("log_grads"), "must be >= 0")
+    _check(bool(cfg.log_every or cfg.get("log_comm") or cfg.get("log_grads")), "log_every",
+           cfg.log_every, "set log_every (steps), log_comm (uplink units) or log_grads "
+           "(gradient evaluations) > 0: nothing would be logged")
     _check(cfg.get("max_comm") is None or cfg.max_comm > 0, "max_comm", cfg.get("max_comm"),
            "must be > 0 (uplink units per worker) or null")
     _check(cfg.get("max_grads") is None or cfg.max_grads > 0, "max_grads", cfg.get("max_grads"),

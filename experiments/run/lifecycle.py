@@ -444,7 +444,8 @@ def _train(run: Active) -> str:
         try:
             return train(method, cfg.steps, log_every=cfg.log_every, evaluate=run.built.evaluate,
                          on_log=run.record.log, on_step=on_step, max_comm=cfg.get("max_comm"),
-                         log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"))
+                         log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"),
+                         log_grads=cfg.get("log_grads"))
         except Exception as err:
             if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
                 run.record.abort()        # too many times"; a full disk: the checkpoint
