@@ -21,21 +21,29 @@ from omegaconf import OmegaConf
 from analysis.statistics import group_runs, load_runs, log_area, write_csv
 from experiments.run.runs import atomic_write_text
 
-CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of uplink cost "
+CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of {axis} "
              "in [0, {budget:g}] (area under the log curve)")
+AXES = {"comm": ("uplink cost", "max_comm"),                   # --x: what the area is taken over,
+        "grads": ("gradient evaluations per worker", "max_grads")}   # and the budget's key
 
 
-def scored_range(group, budget: float) -> float:
+def _capped(run) -> bool:
+    """Whether a run stopped at its iteration cap (``steps``) or its compute cap (``max_grads``)."""
+    last = run.rows[-1]
+    return (last["step"] >= (run.config.get("steps") or math.inf)
+            or last.get("grads", 0) >= (run.config.get("max_grads") or math.inf))
+
+
+def scored_range(group, budget: float, x: str = "comm") -> float:
     """The uplink range a group is scored over: the budget, or, when every run finished by
-    reaching its iteration cap before the budget (EF21-Muon's tiny messages), the uplink the
-    shortest run reached (the same for every candidate of such a method: its cost per step is
-    fixed)."""
-    capped = all(r.status == "ok" and r.rows[-1]["step"] >= (r.config.get("steps") or math.inf)
-                 and r.rows[-1]["comm"] < budget for r in group)
-    return min(budget, min(r.rows[-1]["comm"] for r in group)) if capped else budget
+    reaching its iteration or compute cap before the budget (EF21-Muon's tiny messages), the
+    uplink the shortest run reached (the same for every candidate of such a method: its cost
+    per step is fixed)."""
+    capped = all(r.status == "ok" and _capped(r) and r.rows[-1][x] < budget for r in group)
+    return min(budget, min(r.rows[-1][x] for r in group)) if capped else budget
 
 
-def select(runs, metric: str, budget: float):
+def select(runs, metric: str, budget: float, x: str = "comm"):
     """{method name: (score, config, runs)} of the best group per method, and all scores.
 
     Only a method's candidates with the most seeds compete (a candidate whose second tuning
@@ -49,8 +57,8 @@ def select(runs, metric: str, budget: float):
     for group in groups:
         cfg = group[0].config
         name = cfg["method"]["name"]
-        end = scored_range(group, budget)
-        score = log_area(group, metric, end)
+        end = scored_range(group, budget, x)
+        score = log_area(group, metric, end, x)
         # 12 significant digits: the last bits of a mean differ between CPUs (SIMD summation order)
         table.append({"method": name, "score": float(f"{score:.12g}"), "range": end,
                       "seeds": len(group),
@@ -93,25 +101,29 @@ def main(argv=None):
     ap.add_argument("--sweep", required=True, help="folder with the tuning runs")
     ap.add_argument("--out", required=True, help="folder for the tuned configs")
     ap.add_argument("--metric", default="gap")
+    ap.add_argument("--x", choices=sorted(AXES), default="comm",
+                    help="score against uplink (comm, default) or compute (grads)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="uplink budget; default: the runs' max_comm")
+                    help="the budget on that axis; default: the runs' max_comm (max_grads)")
     ap.add_argument("--table", default=None, help="CSV of every candidate's score")
     args = ap.parse_args(argv)
     runs = load_runs(args.sweep)
     if not runs:
         raise SystemExit(f"no finished runs under {args.sweep}: run the tuning sweep first")
-    budget = args.budget or runs[0].config.get("max_comm")
+    axis, budget_key = AXES[args.x]
+    budget = args.budget or runs[0].config.get(budget_key)
     if not budget:
-        raise SystemExit("no --budget given and the runs have no max_comm")
-    criterion = CRITERION.format(metric=args.metric, budget=budget)
-    best, table = select(runs, args.metric, budget)
+        raise SystemExit(f"no --budget given and the runs have no {budget_key}")
+    criterion = CRITERION.format(metric=args.metric, axis=axis, budget=budget)
+    best, table = select(runs, args.metric, budget, args.x)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, (score, cfg, group) in sorted(best.items()):
         if math.isinf(score):
             print(f"warning: every {name} candidate diverged or fell short of the budget")
-        end = scored_range(group, budget)
-        crit = criterion if end == budget else CRITERION.format(metric=args.metric, budget=end) + \
+        end = scored_range(group, budget, args.x)
+        crit = criterion if end == budget else CRITERION.format(metric=args.metric, axis=axis,
+                                                                budget=end) + \
             f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
         atomic_write_text(out / f"{name}.yaml", tuned_yaml(cfg, score, crit, args.sweep))
         print(f"{name:18s} score {score:8.4f} over {len(group)} seed(s)  method {cfg['method']}  "

@@ -99,14 +99,15 @@ def comm_grid(budget: float, points: int = 200) -> np.ndarray:
     return np.linspace(0.0, budget, points + 1)
 
 
-def log_area(runs: Sequence[Run], key: str, budget: float) -> float:
-    """Tuning criterion: mean over seeds of the average of log10(metric) over the comm grid
-    [0, budget] (the area under the log curve; rewards speed and the final level alike).
-    Diverged runs or runs that stop before the budget score +inf."""
+def log_area(runs: Sequence[Run], key: str, budget: float, x: str = "comm") -> float:
+    """Tuning criterion: mean over seeds of the average of log10(metric) over the grid of ``x``
+    (uplink by default; "grads": compute) on [0, budget] (the area under the log curve; rewards
+    speed and the final level alike). Diverged runs or runs that stop before the budget score
+    +inf."""
     grid = comm_grid(budget)
     scores = []
     for r in runs:
-        v = value_at(r, key, grid)
+        v = value_at(r, key, grid, x)
         if np.isnan(v).any():          # stopped before the budget
             return math.inf
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
@@ -281,23 +282,25 @@ def hit(comm: np.ndarray, val: np.ndarray, level: float, budget: float = math.in
     return float(comm[idx[0]]) if idx.size else math.nan
 
 
-def run_curve(run: Run, key: str, width: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """(comm, metric) of a run, smoothed with a window of ``width`` uplink (None: raw)."""
-    comm, val = run.series(key)
+def run_curve(run: Run, key: str, width: float | None,
+              x: str = "comm") -> tuple[np.ndarray, np.ndarray]:
+    """(comm, metric) of a run, smoothed with a window of ``width`` uplink (None: raw); with
+    ``x`` = "grads", against gradient evaluations per worker instead of uplink."""
+    comm, val = run.series(key, x)
     if run.status == "diverged":
         val = np.where(np.isfinite(val), val, np.inf)
     return comm, (val if width is None else smooth(comm, val, width))
 
 
 def final_level(runs: Sequence[Run], key: str, budget: float, width: float,
-                tail: float = 0.1, points: int = 400) -> float:
+                tail: float = 0.1, points: int = 400, x: str = "comm") -> float:
     """The level the smoothed curves hold over the last ``tail`` of the budget: exp of the mean
     of log(smoothed metric) over seeds and over the grid points in [(1 - tail) budget, budget].
     NaN if a run stops before the budget."""
     grid = np.linspace((1 - tail) * budget, budget, points + 1)
     logs = []
     for r in runs:
-        comm, sm = run_curve(r, key, width)
+        comm, sm = run_curve(r, key, width, x)
         if comm[-1] < budget * (1 - 1e-9):
             return math.nan
         idx = np.searchsorted(comm, grid, side="right") - 1
@@ -365,21 +368,25 @@ class Level:
 
 
 def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequence[float],
-                   baselines: Sequence[str], budget: float, width: float, task: str) -> list[dict]:
+                   baselines: Sequence[str], budget: float, width: float, task: str,
+                   x: str = "comm") -> list[dict]:
     """The rows of reduction.csv for one panel (docs/statistics.md): every method, both metrics
     (smoothed and raw first hit), every eps, and the final level of every baseline that runs to
-    the budget (the best baseline's, the lowest level, first), each against that baseline."""
+    the budget (the best baseline's, the lowest level, first), each against that baseline.
+    With ``x`` = "grads" everything is read against gradient evaluations per worker (equal
+    compute) instead of uplink: the column ``comm`` then holds gradient evaluations."""
     seeds = {m: sorted(r.config["seed"] for r in rs) for m, rs in groups.items()}
     if len({tuple(v) for v in seeds.values()}) > 1:
         raise ValueError("every method needs runs for the same seeds (the reduction pairs them); "
                          f"got {seeds}: re-run the sweep to finish the missing runs")
-    finals = {b: final_level(groups[b], key, budget, width) for b in baselines if b in groups}
+    finals = {b: final_level(groups[b], key, budget, width, x=x) for b in baselines if b in groups}
     finals = {b: v for b, v in finals.items() if not math.isnan(v)}
     levels = [Level("eps", float(e)) for e in eps_list]
     levels += [Level("baseline_final", finals[b], b) for b in sorted(finals, key=finals.get)]
     rows = []
     for metric, w in (("smoothed_first_hit", width), ("raw_first_hit", None)):
-        curves_ = {m: {r.config["seed"]: run_curve(r, key, w) for r in rs} for m, rs in groups.items()}
+        curves_ = {m: {r.config["seed"]: run_curve(r, key, w, x) for r in rs}
+                   for m, rs in groups.items()}
         for level in levels:
             hits = {m: {s: hit(c, v, level.value, budget) for s, (c, v) in cs.items()}
                     for m, cs in curves_.items()}
@@ -420,7 +427,7 @@ def reduction_rows(groups: dict[str, Sequence[Run]], key: str, *, eps_list: Sequ
 
 
 def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, width: float,
-                    points: int = 400, resamples: int = 2000) -> list[dict]:
+                    points: int = 400, resamples: int = 2000, x: str = "comm") -> list[dict]:
     """Per label and grid point of uplink in [0, budget]: the geometric mean over seeds of the
     raw metric (``raw``) and of the smoothed curves (``smoothed``), a 95% bootstrap band of the
     latter over seeds (``ci_low``, ``ci_high``), min and max of the raw metric over seeds, and
@@ -431,7 +438,7 @@ def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, w
         rng = np.random.default_rng(zlib.crc32(label.encode()))   # per label: stable bands
         raw, sm = [], []
         for r in runs:
-            comm, val = run_curve(r, key, None)
+            comm, val = run_curve(r, key, None, x)
             idx = np.searchsorted(comm, grid, side="right") - 1
             past = grid > comm[-1] * (1 + 1e-12)
             smv = smooth(comm, val, width)
@@ -440,7 +447,7 @@ def smoothed_curves(groups: dict[str, Sequence[Run]], key: str, budget: float, w
         with np.errstate(all="ignore"):     # NaN (past a run's end) stays NaN
             lraw = np.log(np.clip(np.array(raw), 1e-300, None))
             lsm = np.log(np.clip(np.array(sm), 1e-300, None))
-        byts = np.stack([_bytes_at(r, grid) for r in runs])
+        byts = np.stack([_bytes_at(r, grid, x) for r in runs])
         boot = rng.integers(0, len(runs), size=(resamples, len(runs)))
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

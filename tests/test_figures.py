@@ -115,6 +115,29 @@ def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
     assert (tmp_path / "scores.csv").read_text().count("\n") == 4   # header + 3 candidates
 
 
+def test_a_run_stopped_by_its_compute_cap_is_scored_over_the_uplink_it_reached(tmp_path):
+    """EF21-Muon capped at Alg. 1's gradient evaluations (max_grads) stops short of the uplink
+    budget by design: it is scored over the range it reaches, as at an iteration cap, while a
+    run that stops short for no cap of its own scores +inf."""
+    def run(name, grads_end, max_grads):
+        d = fake_run(tmp_path / name, name, 100, [0, 5, 10], [1, .5, .25], method="ef21_muon",
+                     compressor={"name": "topk"}, max_comm=40)
+        rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for r, g in zip(rows, (0, grads_end / 2, grads_end)):
+            r["grads"] = g
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = json.loads((d / "summary.json").read_text())
+        summary["config"].update(steps=10_000, max_grads=max_grads)
+        (d / "summary.json").write_text(json.dumps(summary))
+        return analysis.load_runs(tmp_path / name)
+
+    capped, short = run("capped", 300, 300), run("short", 200, 300)
+    assert select_tuned.scored_range(capped, 40) == 10
+    assert math.isfinite(log_area(capped, "gap", select_tuned.scored_range(capped, 40)))
+    assert select_tuned.scored_range(short, 40) == 40
+    assert math.isinf(log_area(short, "gap", select_tuned.scored_range(short, 40)))
+
+
 def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
     comm = [0, 10, 20, 30, 40]
     sweep = tmp_path / "sweep"

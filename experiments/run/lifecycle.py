@@ -17,7 +17,8 @@ Every entry point (``python -m experiments.logreg``, ``python -m experiments.cnn
    So does a broken environment, checked next (:func:`check_environment`): a run or sweep
    folder (or ``results_dir``) that cannot be written, ``launcher=slurm`` where there is no
    SLURM, the task's data (``check_data``: missing, not matching its ``SHA256SUMS``,
-   unreadable), and a folder that holds another run (:func:`other_run`).
+   unreadable, absurd values), and a folder that holds another run or a damaged record whose
+   run cannot be told to be this one (:func:`other_run`), checked under the folder's lock.
 2. **The job** (:func:`run_hydra_job`): joins the process world, runs :func:`execute`; inside a
    multirun a failing run is recorded and the sweep goes on.
 3. **The run** (:func:`execute`): locks the folder (and validates the config when it was not
@@ -54,8 +55,11 @@ invocation created it and nothing in it can be resumed; in a sweep the run is lo
 unfinished, so the sweep report lists it.
 
 Concurrency: a run folder is written by one process at a time
-(:class:`~experiments.run.runs.RunLock`); a second process given the same config waits for the
-first, then skips the finished run.
+(:class:`~experiments.run.runs.RunLock`). The command line locks a single run's folder before
+it checks the folder for another run and before hydra writes into it, and holds the lock until
+the run ends; a second process given the same folder waits, then skips the finished run (the
+same config) or is refused (another config) without touching the first run's files. Whether
+this invocation made the folder (and may remove it on a refusal) is decided under the lock.
 
 Under torchrun (or srun) with ``comm=torchdist`` every rank checks before any collective and
 runs this lifecycle: each computes, rank 0 alone writes the folder, the logs and W&B (the
@@ -128,23 +132,37 @@ def command_line(hydra_main: Callable, config_name: str, task,
     ``config_dir``: the folder of ``config_name`` when it is not the project's ``configs/``."""
     from hydra._internal.utils import get_args_parser
 
+    global _held
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _ = get_args_parser().parse_known_args(argv)
     if not any(getattr(args, f, None) for f in INFO_FLAGS):
         try:
-            check_run(config_name, list(args.overrides), bool(args.multirun), task, config_dir)
+            _held = check_run(config_name, list(args.overrides), bool(args.multirun), task,
+                              config_dir)
         except (ConfigError, EnvironmentProblem) as err:
             fail(str(err))
         if os.environ.get("RANK", "0") != "0":   # rank > 0 of a multi-process run: no writing
             sys.argv = [sys.argv[0], *argv, "hydra.output_subdir=null",
                         "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    hydra_main()
+    try:
+        hydra_main()
+    finally:
+        held, _held = _held, None
+        if held is not None:                  # nothing in the folder but the lock: removed
+            held.release(clean=held.holds_only_the_lock())
+
+
+# The run folder's lock, taken by the command line before hydra writes into the folder and held
+# until the run ends (a single run; the run takes it again, re-entrant): between the check that
+# the folder holds no other run and the run itself, no other process can finish a run there.
+_held: RunLock | None = None
 
 
 def check_run(config_name: str, overrides: list[str], multirun: bool, task,
-              config_dir: str | Path | None = None) -> None:
+              config_dir: str | Path | None = None) -> RunLock | None:
     """Compose and validate the command's config (a sweep's first job; the sweeper,
-    ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad."""
+    ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad.
+    A single run's folder is then locked (:func:`check_environment`): the lock is returned."""
     from .config import compose
     try:
         cfg = compose(config_name, *(first_point(overrides) if multirun else overrides),
@@ -152,14 +170,19 @@ def check_run(config_name: str, overrides: list[str], multirun: bool, task,
     except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
         raise ConfigError(composition_message(err)) from None
     validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))
-    check_environment(cfg, multirun, task)
+    return check_environment(cfg, multirun, task, lock=True)
 
 
-def check_environment(cfg, multirun: bool, task=None) -> None:
+def check_environment(cfg, multirun: bool, task=None, lock: bool = False) -> RunLock | None:
     """What the machine must offer before hydra makes a folder: SLURM for a SLURM launcher,
     write access where the run (or sweep) folder and the caches go, and the task's data
     (``task.check_data(cfg)``, where the task has one; in a sweep the sweeper checks every job's
-    once every job's config is known to be good). EnvironmentProblem if not."""
+    once every job's config is known to be good). EnvironmentProblem if not.
+
+    With ``lock``, a single run's folder is locked (rank 0 of a multi-process run) before it is
+    checked for another run, and the lock is returned, held: another process given the same
+    folder waits until this run ends, and then finds its summary. A refused run releases it and
+    removes what taking it created."""
     on_slurm = multirun and str(cfg.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher")
     if on_slurm and shutil.which("srun") is None:
         raise EnvironmentProblem(
@@ -183,8 +206,24 @@ def check_environment(cfg, multirun: bool, task=None) -> None:
     check_data = getattr(task, "check_data", None)
     if check_data is not None and not multirun:   # a sweep's: by the sweeper, every job's
         check_data(cfg)
-    if not multirun and folder is not None and not cfg.overwrite:
-        refuse_other_run(Path(str(folder)), cfg, task)
+    if multirun or folder is None:
+        return None
+    held = None
+    if lock and os.environ.get("RANK", "0") == "0":
+        held = RunLock(Path(str(folder)), announce=_waiting).__enter__()
+    try:
+        if not cfg.overwrite:
+            refuse_other_run(Path(str(folder)), cfg, task)
+    except BaseException:
+        if held is not None:
+            held.release(clean=True)
+        raise
+    return held
+
+
+def _waiting(message: str) -> None:
+    """The lock's line while the command line waits (hydra's logging is not set up yet)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def refuse_other_run(run_dir: Path, cfg, task) -> None:
@@ -217,38 +256,53 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if _held is not None and os.path.realpath(_held.path.parent) != os.path.realpath(run_dir):
+        _held.release(clean=_held.holds_only_the_lock())   # hydra chose another folder
     plain_cfg = resolved(cfg)
     world = open_world(plain_cfg.comm, str(plain_cfg.get("device", "cpu")),
                        plain_cfg.dense_collective)
     if not world.writer:                      # rank > 0: rank 0 logs for the run
         logging.getLogger("experiments").setLevel(logging.WARNING)
-    fresh = world.writer and _fresh(run_dir)
     # A log line that cannot be written (the disk is full) must not print a traceback: the
     # writes that matter (rows, checkpoints) stop the run with one line.
     logging.raiseExceptions = False
+    if not multirun:
+        with RunLock(run_dir, enabled=world.writer) as held:   # re-entrant: the command line's
+            return _single_run(cfg, run_dir, task, world, plain_cfg, held)
     try:
-        if not multirun:
-            return execute(cfg, run_dir, task, world, _checked(plain_cfg))
-        try:
-            return execute(cfg, run_dir, task, world, _checked(plain_cfg))
-        except EnvironmentProblem as e:       # left unfinished: the sweep report lists it
-            log.error("[stopped] %s: %s", run_dir, str(e).replace("\n ", ""))
-            return {"status": "stopped", "error": str(e)}
-        except Exception as e:  # noqa: BLE001 (recorded in summary.json; the sweep continues)
-            log.error("[failed] %s: %s: %s", run_dir, type(e).__name__, e)
-            traceback.print_exc()
-            return {"status": "failed", "error": repr(e)}
+        return execute(cfg, run_dir, task, world, _checked(plain_cfg))
+    except EnvironmentProblem as e:           # left unfinished: the sweep report lists it
+        log.error("[stopped] %s: %s", run_dir, str(e).replace("\n ", ""))
+        return {"status": "stopped", "error": str(e)}
+    except Exception as e:  # noqa: BLE001 (recorded in summary.json; the sweep continues)
+        log.error("[failed] %s: %s: %s", run_dir, type(e).__name__, e)
+        traceback.print_exc()
+        return {"status": "failed", "error": repr(e)}
+
+
+def _single_run(cfg, run_dir: Path, task, world: World, plain_cfg, held: RunLock) -> dict:
+    """A single run, its folder locked (``held``): an environment problem is one or two lines
+    and exit status 2, and removes the folder if this invocation made it and nothing in it can
+    be resumed. Whether it made the folder is decided under the lock, so a run refused after
+    waiting for another never removes the other's files."""
+    if not world.writer:
+        fresh = False
+    elif _held is not None:                   # locked by the command line before hydra wrote
+        fresh = held.made_folder()
+    else:
+        fresh = _fresh(run_dir)
+    try:
+        return execute(cfg, run_dir, task, world, _checked(plain_cfg))
     except EnvironmentProblem as e:           # a single run: one or two lines, exit status 2
         if fresh and not (run_dir / _checkpoint_name(world)).exists():
             _close_file_logs()
-            shutil.rmtree(run_dir, ignore_errors=True)   # made by this invocation, empty
+            shutil.rmtree(run_dir, ignore_errors=True)   # made by this invocation
         else:
             _to_file_logs(f"error: {e}")
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(e.exit_code) from None
     finally:
-        if not multirun:
-            close_world(world)
+        close_world(world)
 
 
 def _checked(cfg: DictConfig):
@@ -501,19 +555,40 @@ def other_run(run_dir: Path, config: dict, data: str | None, checkpoint: str = C
     overwritten: the command line asks this before hydra writes into the folder, the sweeper
     before launching, and the lifecycle again before a run starts."""
     run_dir = Path(run_dir)
+    fix = "choose another folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run"
     s = read_summary(run_dir) if writer else None
     if s is not None and s.get("config") is not None and not runs.same_run(s, config, data):
         why = (runs.difference(config, s["config"]) if comparable(s["config"]) != comparable(config)
                else f"the data: {str(data)[:12]} here, {str(s.get('data_id'))[:12]} there")
-        return (f"{runs.shown(run_dir)} holds another run ({s.get('status')}; {why})\n  choose "
-                "another folder (hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+        return f"{runs.shown(run_dir)} holds another run ({s.get('status')}; {why})\n  {fix}"
+    unreadable = None
+    if writer and (s is None or s.get("config") is None) and (run_dir / runs.SUMMARY).exists():
+        unreadable = runs.SUMMARY + (" records no config" if s is not None else " is unreadable")
     path = run_dir / checkpoint
-    saved = load_checkpoint(path) if s is None and path.exists() else None
+    saved = load_checkpoint(path, quiet=True) if s is None and path.exists() else None
     if saved is not None and saved.get("config") != comparable(config):
         return (f"{runs.shown(run_dir)} holds the checkpoint of another run "
-                f"({runs.difference(config, saved.get('config'))})\n  choose another folder "
-                "(hydra.run.dir=PATH), or pass overwrite=true to replace that run")
+                f"({runs.difference(config, saved.get('config'))})\n  {fix}")
+    if saved is None and s is None and path.exists():
+        unreadable = unreadable or f"{checkpoint} is unreadable"
+    if unreadable and saved is None:
+        # A damaged record: the run it belongs to is known from config.json (written when it
+        # started); a folder whose run cannot be told is never given to another config.
+        started = _started_config(run_dir)
+        if started is None or comparable(started) != comparable(config):
+            why = (runs.difference(config, started) if started is not None
+                   else "config.json cannot tell which run it was")
+            return (f"{runs.shown(run_dir)} holds a damaged run ({unreadable}; {why})\n  {fix}")
     return None
+
+
+def _started_config(run_dir: Path) -> dict | None:
+    """The config that ``run_dir``'s run recorded when it started (config.json), or None."""
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 # ---------------------------------------------------------------- what the steps share
@@ -665,6 +740,8 @@ def _rows_problem(run_dir: Path, saved: dict) -> str | None:
 def _damaged(run_dir: Path, config: dict) -> str | None:
     """Why a finished run of this config is damaged (it is not skipped), or None."""
     s = read_summary(run_dir)
+    if (s is None or s.get("config") is None) and (run_dir / runs.SUMMARY).exists():
+        return f"{runs.SUMMARY} is unreadable"     # other_run: config.json says it is this run
     if not s or s.get("status") not in runs.FINISHED or not runs.same_run(s, config, None):
         return None
     return runs.damage(run_dir, s)

@@ -351,18 +351,20 @@ def checkpoint_leftovers(path: str | Path) -> list[Path]:
     return sorted({*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f"{path.name}.tmp*")})
 
 
-def load_checkpoint(path: str | Path) -> dict | None:
-    """The checkpoint at ``path``, or None when there is none or it cannot be read."""
+def load_checkpoint(path: str | Path, quiet: bool = False) -> dict | None:
+    """The checkpoint at ``path``, or None when there is none or it cannot be read (said in a
+    log line unless ``quiet``)."""
     path = Path(path)
     if not path.exists():
         return None
+    say = (lambda *a: None) if quiet else logging.getLogger("experiments.run").warning
     try:
         payload = torch.load(path, weights_only=False)   # our own file: RNG states are pickled
     except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
-        logging.getLogger("experiments.run").warning("[checkpoint] ignoring unreadable %s: %s", path, e)
+        say("[checkpoint] ignoring unreadable %s: %s", path, e)
         return None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        logging.getLogger("experiments.run").warning("[checkpoint] ignoring %s: unknown format", path)
+        say("[checkpoint] ignoring %s: unknown format", path)
         return None
     return payload
 
