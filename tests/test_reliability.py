@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.run.runs import read_rows, read_summary, status as run_status
 from tests.conftest import REPO
@@ -125,3 +126,99 @@ def test_a_damaged_summary_is_never_overwritten_by_another_config(tmp_path, resu
     again = cli(*common, "seed=21")                # the run's own config: recomputed
     assert again.returncode == 0, again.stderr
     assert read_summary(run_dir)["seed"] == 21 and run_status(run_dir) == "ok"
+
+
+# ---------------------------------------------------------------- 2. absurd values in the data
+
+A5A = Path(__import__("experiments.tasks", fromlist=["libsvm_file"]).libsvm_file(
+    "a5a", download=False))
+
+BAD_ROWS = {   # case: (line 57 of a5a made into, words of the message)
+    "value 1e300": ("-1 3:1e300 7:1", "feature 3 is 1e+300, beyond float32's range"),
+    "value nan": ("-1 5:nan 7:1", "feature 5 is nan, not a finite number"),
+    "value -inf": ("+1 2:1 9:-inf", "feature 9 is -inf, not a finite number"),
+    "value 1e39": ("+1 4:1e39", "beyond float32's range"),
+    "label 7": ("7 3:1 7:1", "label 7 is not a binary label"),
+    "label 2": ("2 3:1", "label 2 is not a binary label"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_absurd_data_values_and_labels_are_refused_before_any_compute(tmp_path, case):
+    """A value that is not finite or not a float32, or a label that is not binary, in an a5a
+    file: exit 2, the file's line named, before f* or any step is computed, no run folder."""
+    line, words = BAD_ROWS[case]
+    data = tmp_path / "in" / "libsvm" / "a5a"
+    data.parent.mkdir(parents=True)
+    lines = A5A.read_text().splitlines(keepends=True)
+    lines[56] = line + "\n"
+    data.write_text("".join(lines))
+    out = tmp_path / "out"
+    t0 = time.time()
+    p = cli("steps=5", f"data_dir={data.parents[1]}", f"hydra.run.dir={out / 'run'}",
+            f"results_dir={out / 'res'}")
+    said = refused(p)
+    assert f"{data} line 57: " in said[0] and words in said[0], said
+    assert not out.exists()                   # no run folder, no f* (nothing computed)
+    assert time.time() - t0 < 60
+    sweep = cli("-m", "seed=0,1", "steps=5", f"data_dir={data.parents[1]}",
+                f"hydra.sweep.dir={out / 'sweep'}", f"results_dir={out / 'res'}")
+    assert f"{data} line 57: " in refused(sweep)[0] and not out.exists()
+
+
+def test_binary_labels_written_0_and_1_are_read_as_minus_and_plus_one(tmp_path):
+    from experiments.tasks.logreg import load_libsvm
+    path = tmp_path / "zero_one"
+    path.write_text("0 1:1\n1 2:0.5\n# a comment\n\n+1 3:1\n-1 4:1\n")
+    A, b = load_libsvm(path)
+    assert b.tolist() == [-1.0, 1.0, 1.0, -1.0] and A.shape == (4, 124)
+
+
+def _export(root: Path, odd: str | None) -> Path:
+    """A tiny CIFAR-10 JPEG export (two classes, two images each per split) with one odd
+    thing in its train split: a 16x16 image, a class folder that is not CIFAR-10's, or a file
+    that is not an image."""
+    from torchvision.io import write_jpeg
+    from experiments.tasks import cifar10
+    out = root / cifar10.JPEG_DIR
+    for split in ("train", "test"):
+        for c, cls in enumerate(("airplane", "bird")):
+            (out / split / cls).mkdir(parents=True)
+            for i in range(2):
+                img = torch.full((3, 32, 32), 40 * (c + 1) + 20 * i, dtype=torch.uint8)
+                write_jpeg(img, str(out / split / cls / f"{i:04d}.jpg"), quality=95)
+    if odd == "16x16 image":
+        write_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8), str(out / "train/bird/0001.jpg"))
+    elif odd == "class junk":
+        (out / "train" / "junk").mkdir()
+        write_jpeg(torch.zeros(3, 32, 32, dtype=torch.uint8), str(out / "train/junk/0000.jpg"))
+    elif odd == "not an image":
+        (out / "train/bird/0001.jpg").write_bytes(b"\x00garbage, not a JPEG")
+    return out
+
+
+CIFAR_ODD = {"16x16 image": ("train/bird/0001.jpg", "16x16"),
+             "class junk": ("train/junk", "not a CIFAR-10 class"),
+             "not an image": ("train/bird/0001.jpg", "cannot be decoded")}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # torchvision.io's write_jpeg
+@pytest.mark.parametrize("odd", list(CIFAR_ODD))
+def test_a_cifar_export_with_an_odd_image_or_class_is_refused_naming_it(tmp_path, odd):
+    from experiments.tasks import DataCorruptError, cifar10
+    export = _export(tmp_path / "data", odd)
+    where, words = CIFAR_ODD[odd]
+    with pytest.raises(DataCorruptError) as err:
+        cifar10.load_cifar10(tmp_path / "data", tmp_path / "cache", source="jpeg",
+                             download=False)
+    message = str(err.value)
+    assert str(export / where) in message and words in message and len(message.splitlines()) <= 2
+    assert not (tmp_path / "cache").exists()        # nothing cached from it
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_sound_cifar_export_loads(tmp_path):
+    from experiments.tasks import cifar10
+    _export(tmp_path / "data", None)
+    data = cifar10.load_cifar10(tmp_path / "data", None, source="jpeg", download=False)
+    assert data.classes == ["airplane", "bird"] and data.train_x.shape == (4, 3, 32, 32)

@@ -9,7 +9,8 @@ file under ``<results_dir>/cache/`` so that a later run loads them in about a se
 * ``jpeg``: the image-folder export ``cifar10-jpeg/{train,test}/<class>/NNNN.jpg`` (the layout
   ``torchvision.datasets.ImageFolder`` reads), either unpacked or as ``{train,test}.tar.gz``
   (read member by member, nothing written but the cache). Decoded with
-  ``torchvision.io.decode_jpeg``. JPEG at quality ~75: pixels differ slightly from the official
+  ``torchvision.io.decode_jpeg``; an image that does not decode or is not 32x32, and a class
+  folder that is not one of CIFAR-10's classes, stop the run in two lines naming the file. JPEG at quality ~75: pixels differ slightly from the official
   release, so figures made from it must say "CIFAR-10 (JPEG export)".
 
 ``source="auto"`` takes the official release if it is on disk, else the JPEG export if it is on
@@ -41,7 +42,7 @@ from torch import Tensor
 
 from .. import tasks
 from ..run.runs import atomic_write
-from . import DataNotFoundError
+from . import DataCorruptError, DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 JPEG_DIR = "cifar10-jpeg"
@@ -84,31 +85,64 @@ def _shown(origin: str) -> str:
 
 # ------------------------------------------------------------------ decoding
 
-def _decode(blobs: list[bytes]) -> Tensor:
-    """JPEG/PNG byte strings -> uint8 (N, 3, H, W): torchvision.io (about 2x faster than Pillow
-    here; it warns that it is deprecated in favour of TorchCodec), else Pillow."""
+def _decode(blobs: list[bytes], names: list[str] | None = None) -> Tensor:
+    """JPEG/PNG byte strings -> uint8 (N, 3, 32, 32): torchvision.io (about 2x faster than
+    Pillow here; it warns that it is deprecated in favour of TorchCodec), else Pillow. An image
+    that neither decodes, or that is not 32x32, is a DataCorruptError naming it (``names``)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             from torchvision.io import ImageReadMode, decode_image
-
-            out = [decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
-                                mode=ImageReadMode.RGB) for b in blobs]
-    except (ImportError, AttributeError, RuntimeError):
-        import numpy as np
-        from PIL import Image
-        out = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(b)).convert("RGB")).copy())
-               .permute(2, 0, 1) for b in blobs]
+    except ImportError:
+        decode_image = None
+    out = []
+    for i, b in enumerate(blobs):
+        name = names[i] if names is not None else f"image {i}"
+        img = None
+        if decode_image is not None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    img = decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                                       mode=ImageReadMode.RGB)
+            except (AttributeError, RuntimeError):
+                img = None
+        if img is None:
+            img = _decode_with_pillow(b, name)
+        if tuple(img.shape[1:]) != (32, 32):
+            raise DataCorruptError(f"{name}: an image of {img.shape[2]}x{img.shape[1]} pixels, "
+                                   f"CIFAR-10's are 32x32\n  {_EXPORT_FIX}")
+        out.append(img)
     return torch.stack(out) if out else torch.empty(0, 3, 32, 32, dtype=torch.uint8)
 
 
-def _labelled(items: list[tuple[str, str, bytes]]) -> tuple[Tensor, Tensor, list[str]]:
+def _decode_with_pillow(b: bytes, name: str) -> Tensor:
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+    try:
+        rgb = Image.open(io.BytesIO(b)).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise DataCorruptError(f"{name} cannot be decoded as an image ({type(err).__name__})"
+                               f"\n  {_EXPORT_FIX}") from None
+    return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
+
+
+_EXPORT_FIX = "the export is damaged: get it again, or remove the file"
+
+
+def _labelled(items: list[tuple[str, str, bytes]], origin: str = "") -> tuple[Tensor, Tensor, list[str]]:
     """(class, file name, bytes) -> images, labels, classes; classes sorted as ImageFolder does,
-    files sorted by name within a class, so the order never depends on the file system."""
+    files sorted by name within a class, so the order never depends on the file system. A
+    class that is not one of CIFAR-10's (:data:`CLASSES`) is a DataCorruptError naming its
+    folder below ``origin``."""
     classes = sorted({c for c, _, _ in items})
+    odd = [c for c in classes if c not in CLASSES]
+    if odd:
+        raise DataCorruptError(f"{origin}/{odd[0]}: {odd[0]!r} is not a CIFAR-10 class "
+                               f"({', '.join(CLASSES)})\n  {_EXPORT_FIX.replace('file', 'folder')}")
     index = {c: i for i, c in enumerate(classes)}
     items = sorted(items, key=lambda t: (index[t[0]], t[1]))
-    x = _decode([b for _, _, b in items])
+    x = _decode([b for _, _, b in items], [f"{origin}/{c}/{f}" for c, f, _ in items])
     y = torch.tensor([index[c] for c, _, _ in items], dtype=torch.int64)
     return x, y, classes
 
@@ -120,7 +154,7 @@ def read_image_folder(root: str | Path) -> tuple[Tensor, Tensor, list[str]]:
              for f in d.iterdir() if f.suffix.lower() in _IMAGE_EXT]
     if not items:
         raise DataNotFoundError(f"no images under {root}/<class>/")
-    return _labelled(items)
+    return _labelled(items, str(root))
 
 
 def read_image_tar(path: str | Path, split: str) -> tuple[Tensor, Tensor, list[str]]:
@@ -136,7 +170,7 @@ def read_image_tar(path: str | Path, split: str) -> tuple[Tensor, Tensor, list[s
                 items.append((parts[-2], parts[-1], tar.extractfile(m).read()))
     if not items:
         raise DataNotFoundError(f"no images in {path} (expected {split}/<class>/<image>)")
-    return _labelled(items)
+    return _labelled(items, f"{path}:{split}")
 
 
 def read_jpeg_export(root: Path) -> dict:

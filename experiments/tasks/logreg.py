@@ -38,16 +38,57 @@ N_FEATURES = 123
 log = logging.getLogger("experiments.run")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+LABELS = (-1.0, 0.0, 1.0)      # a binary LIBSVM file's labels: -1/+1, or 0/1 (0 is read as -1)
+
+
 def load_libsvm(path: str | Path, n_features: int = N_FEATURES) -> tuple[Tensor, Tensor]:
-    """(A, b): A dense float32 with a trailing column of ones (bias), b in {-1, +1}. A file
-    that is not LIBSVM text is a DataCorruptError naming its first bad line."""
+    """(A, b): A dense float32 with a trailing column of ones (bias), b in {-1, +1} (a file
+    labelled 0/1 has 0 read as -1). A file that is not LIBSVM text, a value that is not finite
+    or not representable in float32 (``3:1e300``, ``5:nan``) and a label that is not binary
+    (``7``) are a DataCorruptError naming the file's first bad line."""
     try:
         X, y = load_svmlight_file(str(path), n_features=n_features)
     except (ValueError, UnicodeDecodeError) as err:
         raise DataCorruptError(_bad_line(path, n_features, err)) from None
+    problem = _bad_values(X, y)
+    if problem is not None:
+        raise DataCorruptError(_row_message(path, *problem))
     A = np.hstack([X.toarray(), np.ones((X.shape[0], 1))]).astype(np.float32)
     b = np.where(y > 0, 1.0, -1.0).astype(np.float32)
     return torch.from_numpy(A), torch.from_numpy(b)
+
+
+def _bad_values(X, y) -> tuple[int, str] | None:
+    """(example, what is wrong) of the first example (0-based) whose label or a value cannot be
+    used, or None. A value must be finite and at most float32's largest in magnitude (A is
+    float32: 1e300 would be inf); a label one of :data:`LABELS`."""
+    found = []
+    bad = ~np.isfinite(X.data) | (np.abs(X.data) > FLOAT32_MAX)
+    if bad.any():
+        at = int(np.argmax(bad))
+        value = float(X.data[at])
+        kind = "not a finite number" if not math.isfinite(value) else "beyond float32's range"
+        found.append((int(np.searchsorted(X.indptr, at, side="right")) - 1,
+                      f"feature {int(X.indices[at]) + 1} is {value:g}, {kind}"))
+    odd = ~np.isin(y, LABELS)
+    if odd.any():
+        row = int(np.argmax(odd))
+        found.append((row, f"label {float(y[row]):g} is not a binary label (-1/+1, or 0/1)"))
+    return min(found) if found else None
+
+
+def _row_message(path, example: int, what: str) -> str:
+    """Two lines: the file line of ``example`` (0-based; blank and comment lines hold no
+    example) with what is wrong with it, and the fix."""
+    line, seen = 0, -1
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, 1):
+            seen += bool(raw.split(b"#", 1)[0].strip())
+            if seen == example:
+                break
+    fix = f"the file is damaged: get it again ({LIBSVM_URL.format(name=Path(path).name)})"
+    return f"{path} line {line}: {what}\n  {fix}"
 
 
 def _bad_line(path, n_features: int, err: Exception) -> str:
