@@ -4,10 +4,10 @@ PY_SYS ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Where datasets live (libsvm/a5a, cifar10-jpeg/...). A data/ folder in the checkout, or a
-# shared data folder beside it, is used when present; set GLUON_DATA_DIR to point elsewhere.
-GLUON_DATA_DIR ?= $(firstword $(wildcard data ../shared/data) data)
-export GLUON_DATA_DIR
+# Where datasets live (libsvm/a5a, cifar10-jpeg/...): found as the README says (data_dir=,
+# GLUON_DATA_DIR, ./data, ../shared/data; a5a is downloaded into ./data when it is nowhere).
+# The Makefile sets no folder of its own: GLUON_DATA_DIR=DIR in the environment or on make's
+# command line points elsewhere (make passes either on to the runs).
 # Offline experiment tracking unless asked otherwise.
 WANDB_MODE ?= offline
 export WANDB_MODE
@@ -74,7 +74,7 @@ gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta
 	$(PY) -m benchmarks.gpu_check
 
 logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
-	$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
+	@$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
 	  method.q=0.1 method.B=4 method.beta=0.99 method.lr=0.01 steps=10000 seed=0 \
 	  hydra.run.dir=results/runs/example
 

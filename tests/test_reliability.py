@@ -222,3 +222,88 @@ def test_a_sound_cifar_export_loads(tmp_path):
     _export(tmp_path / "data", None)
     data = cifar10.load_cifar10(tmp_path / "data", None, source="jpeg", download=False)
     assert data.classes == ["airplane", "bird"] and data.train_x.shape == (4, 3, 32, 32)
+
+
+# ---------------------------------------------------------------- 3, 8. where the data is looked for
+
+# No network: the download goes through a proxy on a local port where nothing listens, so it
+# fails at once, as on a machine without internet.
+OFFLINE = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "no_proxy": "", "NO_PROXY": ""}
+
+
+@pytest.fixture(scope="module")
+def fresh_clone(tmp_path_factory):
+    """The tracked files of this checkout (as they are now) in a folder with no data beside it
+    (no ``../shared/data``, no ``./data``), sharing this checkout's virtual environment, whose
+    install stamp is newer than the clone's pyproject.toml (make installs nothing). The f*
+    cache is copied, so that a run there does not solve for f* again."""
+    import shutil
+    root = tmp_path_factory.mktemp("fresh") / "gluon-fl"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in files:
+        if not name or name.startswith("results/sweeps/") or not (REPO / name).is_file():
+            continue
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    (root / ".venv").symlink_to(REPO / ".venv")
+    stamp = (REPO / ".venv" / ".installed").stat().st_mtime
+    os.utime(root / "pyproject.toml", (stamp - 60, stamp - 60))
+    (root / "results" / "cache").mkdir(parents=True, exist_ok=True)
+    for f in (REPO / "results" / "cache").glob("fstar-*.json"):
+        shutil.copy(f, root / "results" / "cache" / f.name)
+    assert not (root.parent / "shared").exists() and not (root / "data").exists()
+    return root
+
+
+def make(clone: Path, *args: str, env: dict | None = None, timeout: float = 300):
+    environ = {k: v for k, v in ENV.items() if k not in ("MAKEFLAGS", "MFLAGS", "PYTHONPATH")}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=clone,
+                          env={**environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_make_logreg_on_a_fresh_machine_without_data_or_network_says_where_it_looked(
+        fresh_clone):
+    """No data anywhere, no network: ``make logreg`` tries the download (the Makefile no
+    longer sets a GLUON_DATA_DIR of its own, which stopped it), then exits 2 with three lines:
+    where it looked and that the download failed, how to get the file, make's own line."""
+    p = make(fresh_clone, "logreg", env=OFFLINE)
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert len(lines) <= 3 and "Traceback" not in p.stderr, lines
+    first = lines[0]
+    assert first.startswith("error: LIBSVM dataset 'a5a' not found"), lines
+    assert str(fresh_clone / "data" / "libsvm" / "a5a") in first
+    assert str(fresh_clone.parent / "shared" / "data" / "libsvm" / "a5a") in first
+    assert "download from https://www.csie.ntu.edu.tw" in first and "failed" in first
+    assert "GLUON_DATA_DIR=" not in first                # a variable the user never set
+    assert "put it at <dir>/libsvm/a5a" in lines[1] and "GLUON_DATA_DIR=<dir>" in lines[1]
+    assert not (fresh_clone / "data").exists() and not (fresh_clone / "results" / "runs").exists()
+
+
+def test_make_logreg_on_a_fresh_machine_runs_with_gluon_data_dir_set(fresh_clone):
+    data = Path(__import__("experiments.tasks", fromlist=["x"]).libsvm_file("a5a", download=False))
+    p = make(fresh_clone, "logreg", env={**OFFLINE, "GLUON_DATA_DIR": str(data.parents[1])})
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = fresh_clone / "results" / "runs" / "example"
+    assert read_summary(run)["status"] == "ok" and read_summary(run)["steps_done"] == 10000
+
+
+def test_a_set_data_folder_is_never_a_fall_back(tmp_path):
+    """GLUON_DATA_DIR (or data_dir) naming an empty folder: the data is looked for there only
+    (with a download into it), never in ./data or ../shared/data; a variable set to nothing
+    is an error too. One or two lines, exit 2, no run folder."""
+    (tmp_path / "empty").mkdir()
+    for args, env, words in (
+            ([], {"GLUON_DATA_DIR": str(tmp_path / "empty")}, str(tmp_path / "empty/libsvm/a5a")),
+            ([f"data_dir={tmp_path / 'empty'}"], {}, str(tmp_path / "empty/libsvm/a5a")),
+            ([], {"GLUON_DATA_DIR": ""}, "GLUON_DATA_DIR is set to nothing")):
+        p = cli("steps=5", f"hydra.run.dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'res'}",
+                *args, env={**OFFLINE, **env})
+        first = refused(p)[0]
+        assert words in first, first
+        assert "shared/data" not in first and str(REPO / "data") not in first, first
+        assert not (tmp_path / "run").exists() and list((tmp_path / "empty").iterdir()) == []

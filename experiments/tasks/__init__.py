@@ -116,8 +116,11 @@ def split(n: int, n_workers: int, seed: int, labels: Tensor | None = None,
 # variable ``GLUON_DATA_DIR``, ``./data`` in the checkout, and a shared ``data`` folder beside
 # the checkout (``../shared/data``). Files keep their upstream layout below it:
 # ``libsvm/a5a`` and ``cifar10-jpeg/{train,test}.tar.gz`` (or ``cifar10-jpeg/{train,test}/``).
-# A ``data_dir`` or ``GLUON_DATA_DIR`` that names no folder is an error (a typo must not fall back
-# to another copy of the data, nor create a folder anywhere).
+# The last two are fall-backs, searched only when neither ``data_dir`` nor ``GLUON_DATA_DIR`` is
+# set: a folder the user named is the only place looked (and where a download goes), so data
+# missing there is never taken silently from another copy. A ``data_dir`` or ``GLUON_DATA_DIR``
+# that names no folder, or a ``GLUON_DATA_DIR`` set to nothing, is an error (nor is a folder
+# created anywhere).
 #
 # A data file is known by its SHA-256 (:func:`sha256`), computed once and remembered under the
 # results folder's cache by (path, size, modification time), so a later start costs a ``stat``.
@@ -142,10 +145,15 @@ class DataCorruptError(DataError, ValueError):
 
 
 def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
-    """The data directories to search, in order. An explicit ``data_dir`` or
-    ``GLUON_DATA_DIR`` must be an existing folder (DataNotFoundError otherwise)."""
+    """The data directories to search, in order: ``data_dir`` and ``GLUON_DATA_DIR`` when
+    either is set (each must be an existing folder), else ``./data`` and ``../shared/data``
+    (DataNotFoundError for a named folder that is not one, or GLUON_DATA_DIR set to nothing)."""
     dirs = []
-    for given, name in ((data_dir, "data_dir"), (os.environ.get("GLUON_DATA_DIR"), "GLUON_DATA_DIR")):
+    env = os.environ.get("GLUON_DATA_DIR")
+    if env is not None and not env.strip():
+        raise DataNotFoundError("GLUON_DATA_DIR is set to nothing\n  set it to the data folder, "
+                                "or unset it to search ./data and ../shared/data")
+    for given, name in ((data_dir, "data_dir"), (env, "GLUON_DATA_DIR")):
         if not given:
             continue
         d = Path(given).expanduser()
@@ -154,7 +162,8 @@ def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
                     else "leave data_dir unset to search GLUON_DATA_DIR, ./data and ../shared/data")
             raise DataNotFoundError(f"{name}={given}: no such folder\n  fix the path, or {hint}")
         dirs.append(d)
-    dirs += [REPO / "data", REPO.parent / "shared" / "data"]
+    if not dirs:                              # the fall-backs: nothing was named
+        dirs = [REPO / "data", REPO.parent / "shared" / "data"]
     seen, out = set(), []
     for d in dirs:
         r = d.resolve()
