@@ -32,7 +32,16 @@ momentum decay, one value for all groups), so torch's LR schedulers work. A grou
 override :func:`gluon.lmo.assign_lmos` for its parameters. ``state_dict`` holds everything a
 bit-identical resume needs: the method's state (g, M, X^{k-1}, u, k), the worker's error
 memory and generator, the shared coin's stream, and the ledger. It does not hold the parameters,
-which belong to ``model.state_dict()``. Under torchrun each rank saves its own.
+which belong to ``model.state_dict()``. Under torchrun each rank saves its own. It records what
+the optimiser was built with (parameter shapes, compressor, q, B, the 1/B switch, beta, lr per
+group as given, seed, LMOs): ``load_state_dict`` refuses a state of an optimiser built otherwise,
+naming the first difference, before anything changes.
+
+A step whose direction M^k is not finite (a NaN or inf loss, or gradient) raises
+:class:`FloatingPointError` before the parameters change; every rank raises at the same step
+(the direction is the averaged one). The method's state has moved past X^k by then, so a run
+goes on from a ``state_dict`` saved before that step. A non-finite loss whose gradient stays
+finite is returned as it is.
 """
 from __future__ import annotations
 
@@ -232,8 +241,15 @@ class GroupLMOUpdate:
         self.group_lrs = [1.0] * len(slices)     # set by the optimiser before every step
 
     def __call__(self, params, direction, lr):
+        if not bool(torch.stack([torch.isfinite(d).all() for d in direction]).all()):
+            raise NonFiniteStep("the update direction is not finite")
         for (sl, update), group_lr in zip(self.parts, self.group_lrs):
             update(params[sl], direction[sl], lr * group_lr)
+
+
+class NonFiniteStep(FloatingPointError):
+    """A step whose direction M^k is not finite (a NaN or inf loss, or gradient): refused
+    before the parameters change (see :meth:`GluonOptimizer.step`)."""
 
 
 # ---------------------------------------------------------------- the optimiser
@@ -293,6 +309,7 @@ class GluonOptimizer(torch.optim.Optimizer):
             update=self._update, seed=self.seed, lr=1.0,
             beta=self.param_groups[0]["beta"], **settings)
         self.last: StepRecord | None = None
+        self._settings = self._built_with(named, compressor)
 
     # ------------------------------------------------------------------ one step
     def step(self, closure: Callable[[Any], Tensor], batches: Iterator) -> Tensor | None:
@@ -311,6 +328,14 @@ class GluonOptimizer(torch.optim.Optimizer):
         self._oracle.bind(closure, batches)
         try:
             m.step()
+        except NonFiniteStep:
+            losses = self._oracle.losses
+            loss = float(torch.stack(losses).mean()) if losses else float("nan")
+            raise NonFiniteStep(
+                f"step {k}: the update direction is not finite (the closure's loss at X^k: "
+                f"{loss:g}); the parameters are left at X^k, but the optimiser's state has "
+                "moved on: load a state_dict saved before this step to go on (a smaller lr, "
+                "or the batch checked)") from None
         finally:
             self._oracle.unbind()
         o = self._oracle
@@ -341,10 +366,16 @@ class GluonOptimizer(torch.optim.Optimizer):
         state = self.algorithm.state_dict()
         del state["params"]              # the model's state_dict holds them
         out["gluon"] = {"method": self.method, "n_workers": self.comm.n_workers,
-                        "rank": self.comm.local_workers[0], "algorithm": state}
+                        "rank": self.comm.local_workers[0], "algorithm": state,
+                        "settings": dict(self._settings)}
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state saved by an optimiser built as this one: the same method and worker,
+        parameter shapes, compressor and settings (q, B, the 1/B switch, beta, lr per group,
+        seed, each parameter's LMO); a ValueError naming the first that differs otherwise,
+        before anything changes. The param groups' current values (a schedule's lr) are the
+        state's, as in torch."""
         g = state_dict.get("gluon")
         if g is None:
             raise ValueError("not a gluon optimiser's state_dict (no 'gluon' entry)")
@@ -353,12 +384,50 @@ class GluonOptimizer(torch.optim.Optimizer):
         if (g["n_workers"], g["rank"]) != (self.comm.n_workers, self.comm.local_workers[0]):
             raise ValueError(f"state of worker {g['rank']} of {g['n_workers']} loaded into "
                              f"worker {self.comm.local_workers[0]} of {self.comm.n_workers}")
+        problem = self._mismatch(g)
+        if problem:
+            raise ValueError(f"a state_dict of an optimiser built otherwise: {problem}; build "
+                             "this one as that one was (the model, compressor and settings)")
         super().load_state_dict(state_dict)
         device = self._params[0].device
         state = _to_device(g["algorithm"], device)
         state["params"] = [p.detach() for p in self._params]   # unchanged: the model's own
         self.algorithm.load_state_dict(state)
         self._check_groups()
+
+    def _built_with(self, named, compressor: Compressor) -> dict:
+        """What this optimiser was built with, saved in its state_dict and compared on load:
+        the trainable parameters' names and shapes, the compressor, the method's settings, the
+        seed, each group's lr and beta as given (not as a schedule moves them) and each
+        parameter's LMO."""
+        m = self.algorithm
+        return {"names": [n for n, _ in named], "shapes": [tuple(p.shape) for _, p in named],
+                "compressor": repr(compressor), "q": m.q, "B": m.B, "scale_by_B": m.scale_by_B,
+                "beta": self.param_groups[0]["beta"], "lr": [g["lr"] for g in self.param_groups],
+                "seed": self.seed, "lmo": [_block_text(b) for b in self.blocks]}
+
+    def _mismatch(self, g: dict) -> str | None:
+        """The first difference between the optimiser that saved ``g`` and this one, or None.
+        A state saved before the settings were recorded is checked by its tensors' shapes."""
+        mine, theirs = self._settings, g.get("settings")
+        names = mine["names"]
+        if theirs is None:
+            prev = g["algorithm"].get("prev") or []
+            theirs = {"shapes": [tuple(t.shape) for t in prev]}
+        shapes = theirs["shapes"]
+        if len(shapes) != len(mine["shapes"]):
+            return (f"{len(shapes)} trainable parameters in the state, {len(mine['shapes'])} "
+                    "here")
+        for name, a, b in zip(names, shapes, mine["shapes"]):
+            if tuple(a) != b:
+                return f"parameter {name}: shape {tuple(a)} in the state, {b} here"
+        for key in ("compressor", "q", "B", "scale_by_B", "beta", "lr", "seed"):
+            if key in theirs and theirs[key] != mine[key]:
+                return f"{key}: {theirs[key]} in the state, {mine[key]} here"
+        for name, a, b in zip(names, theirs.get("lmo", mine["lmo"]), mine["lmo"]):
+            if a != b:
+                return f"lmo of {name}: {a} in the state, {b} here"
+        return None
 
     def add_param_group(self, param_group: dict) -> None:
         if not self._building:
@@ -440,6 +509,12 @@ class GluonOptimizer(torch.optim.Optimizer):
             raise ValueError("the ranks disagree on the method, its settings, the compressor, the "
                              "seed or the parameter shapes: build the optimiser identically on "
                              "every rank")
+
+
+def _block_text(b: Block) -> str:
+    """A block's LMO with its settings and radius scale: ``Sign(scale=True) x 16``."""
+    args = ", ".join(f"{k}={v}" for k, v in vars(b.lmo).items())
+    return f"{type(b.lmo).__name__}({args}) x {b.scale:g}"
 
 
 def _check_settings(settings: dict) -> None:

@@ -400,6 +400,92 @@ def test_load_state_dict_refuses_another_method_or_world():
         a.load_state_dict(s)
 
 
+def _other(field):
+    """A state_dict saved by an optimiser that differs from the reference one (Alg. 1, RandK
+    20%, q = Q, B = B, lr = LR, beta = BETA, seed = SEED, Scion's LMOs) in ``field``, after a
+    few steps."""
+    X, y = make_data()
+    model = make_model()
+    kw = dict(lr=LR, beta=BETA, seed=SEED, compressor=RandK(density=0.2), q=Q, B=B)
+    kw.update({"compressor": {"compressor": RandK(density=0.05)}, "q": {"q": 0.7},
+               "B": {"B": 2}, "beta": {"beta": 0.5}, "lr": {"lr": 0.2}, "seed": {"seed": 9},
+               "scale_by_B": {"scale_by_B": False}, "lmo": {"lmo_rules": [(r"^4\.weight$", "spectral", 1.0)]},
+               "shapes": {}}[field])
+    if field == "shapes":
+        model = nn.Sequential(nn.Linear(10, 32), nn.GELU(), nn.Linear(32, 12), nn.GELU(),
+                              nn.Linear(12, 3))
+    opt = optim.CompressedGluon(model.named_parameters(), **kw)
+    batches = ShardBatches(X, y, BATCH, SEED)
+    for _ in range(3):
+        opt.step(closure_of(model), batches)
+    return opt.state_dict()
+
+
+@pytest.mark.parametrize("field, match", [
+    ("shapes", r"parameter 0\.weight: shape \(32, 10\) in the state, \(16, 10\) here"),
+    ("compressor", r"compressor: RandK\(density=0\.05\) in the state, RandK\(density=0\.2\) here"),
+    ("q", r"q: 0\.7 in the state, 0\.3 here"),
+    ("B", r"B: 2 in the state, 3 here"),
+    ("beta", r"beta: 0\.5 in the state, 0\.9 here"),
+    ("lr", r"lr: \[0\.2\] in the state, \[0\.05\] here"),
+    ("seed", r"seed: 9 in the state, 3 here"),
+    ("scale_by_B", r"scale_by_B: False in the state, True here"),
+    ("lmo", r"lmo of 4\.weight: Spectral\(.*\) x 1 in the state, Sign\(.*\) x 16 here"),
+])
+def test_load_state_dict_refuses_other_shapes_compressor_and_settings(field, match):
+    """A state saved by an optimiser built otherwise (another model, compressor, q, B, beta,
+    lr, seed, 1/B switch or LMO) is refused, naming the field, and changes nothing: before,
+    beta came from the state and q, B from the constructor, and another model's state failed
+    at the next step deep in the method."""
+    model = make_model()
+    opt = optim.CompressedGluon(model.named_parameters(), lr=LR, beta=BETA, seed=SEED,
+                                compressor=RandK(density=0.2), q=Q, B=B)
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(_other(field))
+    assert _same_state(opt.state_dict(), before)
+    opt.load_state_dict(before)                                 # its own state loads
+
+
+def test_a_scheduled_lr_in_the_state_is_not_a_mismatch():
+    """What a state carries in its param groups (a schedule's current lr) is the state's; the
+    settings compared are those the optimiser was built with."""
+    X, y = make_data()
+    model = make_model()
+    build = lambda: optim.Gluon(model.named_parameters(), lr=LR, beta=BETA, seed=SEED)  # noqa: E731
+    opt = build()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batches = ShardBatches(X, y, BATCH, SEED)
+    for _ in range(3):
+        opt.step(closure_of(model), batches)
+        sched.step()
+    again = build()
+    again.load_state_dict(opt.state_dict())
+    assert again.param_groups[0]["lr"] == LR / 8
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_loss_is_refused_before_the_parameters_change(bad):
+    """A loss that is NaN or inf makes the step's direction non-finite: the step raises
+    FloatingPointError naming the step and leaves the parameters at X^k (before, they all
+    became NaN without a word)."""
+    X, y = make_data()
+    model = make_model()
+    opt = optim.CompressedGluon(model.named_parameters(), lr=LR, beta=BETA, seed=SEED,
+                                compressor=RandK(density=0.2), q=Q, B=B)
+    batches = ShardBatches(X, y, BATCH, SEED)
+    for _ in range(3):
+        opt.step(closure_of(model), batches)
+    good = closure_of(model)
+    before = params_of(model)
+
+    def poisoned(batch):
+        return good(batch) * bad
+    with pytest.raises(FloatingPointError, match="step 3: the update direction is not finite"):
+        opt.step(poisoned, batches)
+    assert equal(params_of(model), before) and opt.k == 3
+
+
 # ---------------------------------------------------------------- misuse: refused before any step
 
 def _bad(kind):
