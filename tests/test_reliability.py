@@ -307,3 +307,48 @@ def test_a_set_data_folder_is_never_a_fall_back(tmp_path):
         assert words in first, first
         assert "shared/data" not in first and str(REPO / "data") not in first, first
         assert not (tmp_path / "run").exists() and list((tmp_path / "empty").iterdir()) == []
+
+
+# ---------------------------------------------------------------- 9. folder names
+
+def test_a_long_folder_name_drops_whole_settings_never_cuts_a_value():
+    """A name over MAX_NAME characters drops whole ``key=value`` parts (the seed is kept, a
+    ``...`` says parts were dropped); before, ``seed=123456789012`` was shown as ``seed=12345``."""
+    from experiments.run import runs
+    config = {"method": {"name": "alg1", **{f"setting_{i}": 0.123456789 + i for i in range(12)}},
+              "compressor": {"name": "randk", "density": 0.01}, "seed": 123456789012,
+              "task": {"name": "logreg"}, "steps": 10}
+    name = runs.folder_name(config, "data")
+    full = ["compressor=randk", "density=0.01",
+            *[f"setting_{i}={0.123456789 + i!r}" for i in range(12)], "seed=123456789012"]
+    assert len(name) <= runs.MAX_NAME and len(",".join(full)) > runs.MAX_NAME
+    *parts, tag = name.split(",")
+    assert tag == f"id={runs.run_id(config, 'data')}"
+    assert "seed=123456789012" in parts and "..." in parts
+    assert all(p in full for p in parts if p != "..."), parts      # no value cut
+    assert parts[:2] == full[:2]                                    # the compressor first
+    short = {**config, "method": {"name": "alg1", "lr": 0.01}}      # a name that fits: as before
+    assert runs.folder_name(short, "d") == (f"compressor=randk,density=0.01,lr=0.01,"
+                                            f"seed=123456789012,id={runs.run_id(short, 'd')}")
+
+
+def _committed_summaries() -> list[Path]:
+    """The summary.json of every run committed under results/sweeps (in a copy of the checkout
+    without its .git: every one there)."""
+    p = subprocess.run(["git", "ls-files", "-z", "results/sweeps"], cwd=REPO,
+                       capture_output=True)
+    if p.returncode != 0:
+        return sorted((REPO / "results" / "sweeps").rglob("summary.json"))
+    return sorted(REPO / f for f in p.stdout.decode().split("\0")
+                  if f.endswith("/summary.json"))
+
+
+def test_every_committed_run_keeps_its_folder_name():
+    """The run folders committed under results/sweeps are where their sweeps look for them:
+    their names are what folder_name gives their recorded config and data today."""
+    from experiments.run import runs
+    found = _committed_summaries()
+    assert found
+    for path in found:
+        s = json.loads(path.read_text())
+        assert runs.folder_name(s["config"], s["data_id"]) == path.parent.name, path

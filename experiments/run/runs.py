@@ -141,7 +141,9 @@ def folder_name(config: dict, data: str | None) -> str:
     """A run folder's name: what a reader scans for (the compressor, the method's settings in
     the schema's order, the seed), then ``id=`` and :func:`run_id`, which tells apart runs that
     differ in anything else (the budget, the task's settings, the data). A method's name is the
-    folder above. At most :data:`MAX_NAME` characters."""
+    folder above. At most :data:`MAX_NAME` characters: a longer name drops whole settings from
+    the last method setting backwards (``...`` marks where), keeping the seed; a value is never
+    cut (a name that fits is as it always was)."""
     c = identity(config)
     comp, method = c.get("compressor") or {}, c.get("method") or {}
     parts = []
@@ -149,10 +151,18 @@ def folder_name(config: dict, data: str | None) -> str:
         parts.append(f"compressor={comp['name']}")
     parts += [f"{k}={_value(v)}" for k, v in comp.items() if k != "name"]
     parts += [f"{k}={_value(v)}" for k, v in method.items() if k != "name"]
-    if "seed" in c:
-        parts.append(f"seed={c['seed']}")
+    seed = [f"seed={c['seed']}"] if "seed" in c else []
     tag = f"id={run_id(config, data)}"
-    name = ",".join(parts)[:MAX_NAME - len(tag) - 1].replace("/", "-")
+    room = MAX_NAME - len(tag) - 1
+    shown = parts + seed
+    if len(",".join(shown)) > room:           # drop the last settings, whole, before the seed
+        kept = list(parts)
+        while kept and len(",".join(kept + ["..."] + seed)) > room:
+            kept.pop()
+        shown = kept + ["..."] + seed
+        if len(",".join(shown)) > room:        # a seed too long to show: the hash alone
+            shown = []
+    name = ",".join(shown).replace("/", "-")
     return f"{name},{tag}" if name else tag
 
 
