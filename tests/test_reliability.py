@@ -352,3 +352,29 @@ def test_every_committed_run_keeps_its_folder_name():
     for path in found:
         s = json.loads(path.read_text())
         assert runs.folder_name(s["config"], s["data_id"]) == path.parent.name, path
+
+
+# ---------------------------------------------------------------- 7. migrate and unreadable summaries
+
+def test_migrate_exits_non_zero_when_a_summary_is_unreadable(tmp_path, results):
+    sweep = tmp_path / "sweep"
+    made = subprocess.run([sys.executable, "-m", "experiments.logreg", "-m", "seed=0,1",
+                           "steps=40", "log_every=20", "checkpoint_every=0",
+                           f"results_dir={results}", f"hydra.sweep.dir={sweep}"], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    good, bad = sorted(p.parent for p in sweep.rglob("summary.json"))
+    (bad / "summary.json").write_text('{"status": "ok", "conf')
+    before = tree(sweep)
+    for check in (["--check"], []):
+        p = subprocess.run([sys.executable, "-m", "experiments.run.migrate", str(sweep), *check],
+                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert f"damaged: {bad}: summary.json is unreadable" in p.stdout, p.stdout
+        assert "1 damaged" in p.stderr and "Traceback" not in p.stderr
+        assert tree(sweep) == before                # nothing written, nothing renamed
+    assert run_status(bad) == "damaged" and run_status(good) == "ok"
+    table = subprocess.run([sys.executable, "-m", "analysis.summarize", str(sweep), "--per-run",
+                            "--out", str(tmp_path / "t.csv")], cwd=REPO, env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0 and "summary.json is unreadable" in table.stdout + table.stderr

@@ -31,7 +31,8 @@ or diverged) is brought to what a run writes today:
 
 Summaries are rewritten atomically and folders renamed in one step; nothing else changes.
 ``--check`` reports without writing. One line per run that changes, then a total. Exit status:
-0 when every finished run agrees with its summary, 1 when one is damaged, 2 for a path that
+0 when every finished run agrees with its summary, 1 when one is damaged (a summary.json that
+cannot be read, or a finished one without its config, counts as damaged), 2 for a path that
 holds no run folder.
 """
 from __future__ import annotations
@@ -103,8 +104,12 @@ def migrate_run(run_dir: Path, write: bool = True) -> tuple[str, str]:
     if runs.is_locked(run_dir):
         return "skipped", "a process is writing it"
     summary = runs.read_summary(run_dir)
-    if summary is None or summary.get("status") not in runs.FINISHED:
-        return "skipped", f"status {(summary or {}).get('status', 'unreadable')}"
+    if summary is None:                   # its run cannot be told: never passed over in silence
+        return "damaged", f"{runs.SUMMARY} is unreadable"
+    if summary.get("status") not in runs.FINISHED:
+        return "skipped", f"status {summary.get('status', 'unknown')}"
+    if not isinstance(summary.get("config"), dict):
+        return "damaged", f"{runs.SUMMARY} records no config"
     done = []
     if isinstance(summary.get("metrics"), dict):
         why = runs.damage(run_dir, summary)

@@ -27,8 +27,9 @@ Statuses (:func:`status`):
 
 * ``ok``, ``diverged``: finished (:data:`FINISHED`); a re-run skips them.
 * ``damaged``: summary.json says finished, but metrics.jsonl is missing, cut, garbled or edited
-  (its row count or hash differ from the summary's). A re-run says so in one line and recomputes
-  the run, or resumes it from a checkpoint whose rows are intact.
+  (its row count or hash differ from the summary's), or summary.json itself cannot be read. A
+  re-run says so in one line and recomputes the run, or resumes it from a checkpoint whose rows
+  are intact (a run of another config is refused such a folder: the lifecycle's ``other_run``).
 * ``failed``: the run raised an exception (summary.json has the traceback); a re-run starts over.
 * ``running``: another process holds the folder's lock.
 * ``interrupted``: a checkpoint and no summary (preempted, killed): a re-run resumes.
@@ -233,9 +234,12 @@ def _first_garbled(path: Path) -> str | None:
     return None
 
 
-def damage(run_dir: str | Path, summary: dict) -> str | None:
+def damage(run_dir: str | Path, summary: dict | None) -> str | None:
     """Why ``run_dir``'s metrics.jsonl is not the file ``summary`` describes, or None when it
-    is (or when the summary predates that record: see the module docstring)."""
+    is (or when the summary predates that record: see the module docstring). ``summary``
+    None: summary.json cannot be read."""
+    if summary is None:
+        return f"{SUMMARY} is unreadable"
     want = summary.get("metrics")
     if not isinstance(want, dict):
         return None
@@ -307,6 +311,8 @@ def status(run_dir: str | Path, summary: dict | None = None) -> str:
         if st in FINISHED and damage(run_dir, s) is not None:
             return DAMAGED
         return st
+    if (run_dir / SUMMARY).exists():         # written atomically: unreadable means damaged
+        return DAMAGED
     if is_locked(run_dir):
         return "running"
     return "interrupted" if (run_dir / CHECKPOINT).exists() else "missing"
