@@ -378,3 +378,61 @@ def test_migrate_exits_non_zero_when_a_summary_is_unreadable(tmp_path, results):
                             "--out", str(tmp_path / "t.csv")], cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert table.returncode == 0 and "summary.json is unreadable" in table.stdout + table.stderr
+
+
+# ---------------------------------------------------------------- 5. W&B that does not start
+
+def test_wandb_that_cannot_start_is_a_failed_run_in_two_lines(tmp_path, results):
+    """wandb.mode=online with no API key and W&B's server out of reach (its address a local
+    port where nothing listens): exit 1, "failed" recorded with the reason, two lines on
+    stderr and no traceback. The same command runs once W&B is offline."""
+    run_dir = tmp_path / "run"
+    home = tmp_path / "home"                        # no ~/.netrc with a key in it
+    home.mkdir()
+    env = {k: v for k, v in ENV.items() if not k.startswith("WANDB_")}
+    env.update(OFFLINE, HOME=str(home), WANDB_MODE="online", WANDB_SILENT="true",
+               WANDB_BASE_URL="http://127.0.0.1:9", WANDB_DIR=str(tmp_path / "wandb"))
+    args = ["steps=50", "log_every=10", f"results_dir={results}", f"hydra.run.dir={run_dir}",
+            "wandb.enabled=true"]
+    p = subprocess.run([sys.executable, "-m", "experiments.logreg", *args, "wandb.mode=online"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    lines = refused(p, code=1)
+    assert "W&B did not start" in lines[0] and "wandb.mode=online" in lines[0], lines
+    assert "wandb.mode=offline" in lines[-1]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and "W&B did not start" in summary["error"]
+    assert run_status(run_dir) == "failed"
+    again = subprocess.run([sys.executable, "-m", "experiments.logreg", *args,
+                            "wandb.mode=disabled"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert read_summary(run_dir)["status"] == "ok"
+
+
+# ---------------------------------------------------------------- 6. Ctrl-C
+
+def test_ctrl_c_checkpoints_says_one_line_and_exits_130_then_resumes(tmp_path, results):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "experiments.logreg", "steps=15000", "log_every=100",
+            "checkpoint_every=0", "progress_s=0", f"results_dir={results}",
+            f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,    # SIGINT as in a terminal
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    t0 = time.time()
+    while not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").stat().st_size == 0:
+        assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert len(err.strip().splitlines()) == 1 and "SIGINT" in err, err
+    assert "[signal] SIGINT at step" in out and "checkpoint written" in out
+    assert (run_dir / "checkpoint.pt").exists() and read_summary(run_dir) is None
+    assert run_status(run_dir) == "interrupted"
+    k = torch.load(run_dir / "checkpoint.pt", weights_only=False)["method"]["k"]
+    assert 0 < k < 15000
+    done = subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and f"[resume] {run_dir}: from step {k} " in done.stdout, done
+    assert read_summary(run_dir)["status"] == "ok" and read_summary(run_dir)["resumed"]

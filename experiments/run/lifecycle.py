@@ -33,7 +33,7 @@ everything else (the run folder, metrics, summary, logging, W&B, divergence, che
 preemption and the process world) is here once.
 
 Checkpoints (:mod:`experiments.run.record`): every ``checkpoint_every`` steps (0 = only on
-signals) and when SIGTERM/SIGUSR1/SIGUSR2 arrives, the state is written to
+signals) and when SIGTERM/SIGINT/SIGUSR1/SIGUSR2 arrives, the state is written to
 ``<run_dir>/checkpoint.pt`` between two steps. A run that finds a checkpoint written with the
 same config resumes from it bit-identically: same parameters, same metric rows, no row missing
 or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them)
@@ -89,7 +89,7 @@ from gluon.distributed import World, close_world, open_world
 
 from . import runs
 from .config import ConfigError, build_compressor, check_env, resolved, validate
-from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard,
+from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard, WandbError,
                      checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
                      set_rng_state)
 from .runs import LOCK, REPO, EnvironmentProblem, RunLock, is_locked, read_summary  # noqa: F401
@@ -146,6 +146,9 @@ def command_line(hydra_main: Callable, config_name: str, task,
                         "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     try:
         hydra_main()
+    except KeyboardInterrupt:                 # Ctrl-C outside training (which checkpoints
+        print("stopped: SIGINT (Ctrl-C)", file=sys.stderr, flush=True)   # and exits 130)
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         held, _held = _held, None
         if held is not None:                  # nothing in the folder but the lock: removed
@@ -274,6 +277,9 @@ def run_hydra_job(cfg: DictConfig, task) -> dict:
     except EnvironmentProblem as e:           # left unfinished: the sweep report lists it
         log.error("[stopped] %s: %s", run_dir, str(e).replace("\n ", ""))
         return {"status": "stopped", "error": str(e)}
+    except WandbError as e:                   # recorded in summary.json, said in one line
+        log.error("[failed] %s: %s", run_dir, str(e).replace("\n ", ""))
+        return {"status": "failed", "error": str(e)}
     except Exception as e:  # noqa: BLE001 (recorded in summary.json; the sweep continues)
         log.error("[failed] %s: %s: %s", run_dir, type(e).__name__, e)
         traceback.print_exc()
@@ -301,6 +307,10 @@ def _single_run(cfg, run_dir: Path, task, world: World, plain_cfg, held: RunLock
             _to_file_logs(f"error: {e}")
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(e.exit_code) from None
+    except WandbError as e:                   # recorded as failed: exit status 1, two lines
+        _to_file_logs(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         close_world(world)
 
@@ -451,17 +461,21 @@ def _start(cfg, config, data, run_dir, task, world, compressor) -> Active | dict
         record.finish("failed", error=traceback.format_exc())
         raise
     prior_time = 0.0
-    if saved is not None:
-        built.method.load_state_dict(saved["method"])
-        if built.state is not None and saved.get("state") is not None:
-            built.state.load_state_dict(saved["state"])
-        set_rng_state(saved["rng"])
-        prior_time = saved.get("train_time", 0.0)
-        record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
-        log.info("[resume] %s: from step %d (%d rows)", where, built.method.k, saved["rows"])
-    else:
-        path.unlink(missing_ok=True)
-        record.start()
+    try:
+        if saved is not None:
+            built.method.load_state_dict(saved["method"])
+            if built.state is not None and saved.get("state") is not None:
+                built.state.load_state_dict(saved["state"])
+            set_rng_state(saved["rng"])
+            prior_time = saved.get("train_time", 0.0)
+            record.start(resume_rows=saved["rows"], wandb_id=saved.get("wandb_id"))
+            log.info("[resume] %s: from step %d (%d rows)", where, built.method.k, saved["rows"])
+        else:
+            path.unlink(missing_ok=True)
+            record.start()
+    except WandbError as err:                 # recorded; a checkpoint is kept (it resumes)
+        record.finish("failed", error=str(err))
+        raise
     log.info("[start] %s: %s", where, _summary_line(config))
     return Active(cfg, config, where, world, record, built, saved, path, prior_time,
                   time.perf_counter())

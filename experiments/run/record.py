@@ -62,6 +62,11 @@ def git_commit() -> dict:
     return {"git_commit": os.environ.get("GLUON_GIT_COMMIT") or None, "git_dirty": None}
 
 
+class WandbError(RuntimeError):
+    """W&B was asked for (``wandb.enabled``) and did not start: the run is recorded as failed
+    and said in two lines (exit status 1), without W&B's traceback."""
+
+
 class RunLog:
     """Writes one run. ``config`` must be the resolved config (a plain dict)."""
 
@@ -127,14 +132,21 @@ class RunLog:
         tags += [t for t in (self.figure, method, compressor, task, dataset) if t and t not in tags]
         settings = {"silent": True, "console": "off", "x_disable_stats": True,
                     **(self.wandb_cfg.get("settings") or {})}
-        self._wandb = wandb.init(
-            project=self.wandb_cfg.get("project", "gluon-fl"), entity=self.wandb_cfg.get("entity"),
-            mode=self.wandb_cfg.get("mode", "offline"), dir=str(self.dir),
-            # grouped by experiment (figure), then by method (job_type): the UI's two levels
-            group=self.wandb_cfg.get("group") or self.figure or task,
-            job_type=method, name=_run_name(self.dir, method), tags=tags,
-            notes=str(self.dir), config=c, id=self.wandb_id, resume="allow",
-            reinit="finish_previous", settings=wandb.Settings(**settings))
+        try:
+            self._wandb = wandb.init(
+                project=self.wandb_cfg.get("project", "gluon-fl"),
+                entity=self.wandb_cfg.get("entity"), mode=self.wandb_cfg.get("mode", "offline"), dir=str(self.dir),
+                # grouped by experiment (figure), then by method (job_type): the UI's two levels
+                group=self.wandb_cfg.get("group") or self.figure or task,
+                job_type=method, name=_run_name(self.dir, method), tags=tags,
+                notes=str(self.dir), config=c, id=self.wandb_id, resume="allow",
+                reinit="finish_previous", settings=wandb.Settings(**settings))
+        except Exception as err:  # noqa: BLE001 (W&B's own errors: no key, no network, ...)
+            mode = self.wandb_cfg.get("mode", "offline")
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise WandbError(f"W&B did not start (wandb.mode={mode}): {first[:160]}\n  log in "
+                             "(wandb login, or WANDB_API_KEY) and check the network, or run with "
+                             "wandb.mode=offline (make wandb-sync uploads later)") from None
         run = self._wandb
         # Communication is the x-axis of every figure: "comm" (normalised: one dense gradient
         # = 1) is the default step metric of every logged value. Every row also carries the
@@ -294,7 +306,7 @@ def _duration(s: float) -> str:
 # fails (a full disk) removes its temporary file and leaves the previous checkpoint as it was.
 # Temporary files left by a kill during a write are removed when the run ends (:func:`leftovers`).
 #
-# Signals (SIGTERM, SIGUSR1, SIGUSR2 - submitit's preemption and time-limit signal) never
+# Signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2 - submitit's preemption and time-limit signal) never
 # interrupt a step: :class:`SignalGuard` only records them; the runner checks between steps,
 # writes a checkpoint, then does what the process would have done without it
 # (:meth:`SignalGuard.forward`): exit for a plain process, or hand over to submitit's own handler,
@@ -302,7 +314,9 @@ def _duration(s: float) -> str:
 # checkpoint and resumes.
 
 CHECKPOINT_FORMAT = 1
-SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2")
+# SIGINT (Ctrl-C) too: a checkpoint, one line and exit status 130, as SIGTERM (143). A process
+# started with SIGINT ignored (a background job of a non-interactive shell) keeps ignoring it.
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
                 if hasattr(signal, name))
 
 
@@ -370,7 +384,8 @@ def load_checkpoint(path: str | Path, quiet: bool = False) -> dict | None:
 
 
 class SignalGuard:
-    """Defers SIGTERM/SIGUSR1/SIGUSR2 to the next step boundary (see the module docstring).
+    """Defers SIGTERM/SIGINT/SIGUSR1/SIGUSR2 to the next step boundary (see the module
+    docstring).
 
     Only the main thread may install signal handlers; elsewhere the guard does nothing.
     """
@@ -391,6 +406,8 @@ class SignalGuard:
         if threading.current_thread() is not threading.main_thread():
             return
         for s in self.signals:
+            if s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN:
+                continue                      # ignored on purpose by whoever started us
             self._previous[s] = signal.signal(s, self._catch)
 
     def _restore(self) -> None:
@@ -416,6 +433,8 @@ class SignalGuard:
             return
         previous = self._previous.get(signum, signal.SIG_DFL)
         self._restore()
+        if previous is signal.default_int_handler:   # Ctrl-C: exit as SIGTERM does, not
+            raise SystemExit(128 + signum)           # with a KeyboardInterrupt's traceback
         if callable(previous):
             previous(signum, None)
         elif previous != signal.SIG_IGN:
