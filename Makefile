@@ -201,7 +201,7 @@ ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
 endif
 
 .PHONY: summarize
-summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/fig3
+summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/cnn_gap/panel
 	@test -n "$(SWEEP)" || { echo "usage: make summarize SWEEP=results/sweeps/<name> [ARGS='--metric loss --sort comm --per-run']" >&2; exit 2; }
 	$(PY) -m analysis.summarize $(SWEEP) $(ARGS)
 

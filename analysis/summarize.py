@@ -5,13 +5,15 @@
     python -m analysis.summarize results/sweeps/fig2_cnn_cpu --metric test_acc --per-run
 
 The runs are the sweep's job folders (:func:`experiments.run.sweep.sweep_runs`: every folder
-holding ``.hydra/overrides.yaml``, with its status). Runs whose configs differ only in the seed
+holding ``.hydra/overrides.yaml`` or a summary.json, with its status). Runs whose configs differ only in the seed
 or in operational keys (:data:`experiments.run.runs.OPERATIONAL`) form one config; the
 table has a row per config (``--per-run``: a row per run) with
 
 * the config keys that differ between the sweep's configs, one column each (derived from the
   configs: ``method``, ``method.lr``, ``compressor.density``, ...; a ``<group>.name`` key is
-  shown as ``<group>``); the keys shared by every config are named in the header line;
+  shown as ``<group>``, a key named as one of the table's own columns as ``config:<key>``,
+  e.g. ``config:steps``, the iteration cap); the keys shared by every config are named in the
+  header line;
 * ``n`` (runs), ``status`` (``3 ok``, ``2 ok, 1 diverged``, ...);
 * ``final_<metric>`` and ``final_<metric>_std``: mean and sample standard deviation over the
   seeds of the last logged value; ``best_<metric>``: mean over the seeds of each run's best
@@ -188,8 +190,14 @@ def _columns(keys: list[dict | None]) -> tuple[list[str], dict]:
     return varying, shared
 
 
+# the table's own columns: a config key of the same name (``steps``, the iteration cap that a
+# sweep may vary) is shown as ``config:<key>``
+RESULT_COLUMNS = ("n", "status", "seed", "run", "final", "best", *NUMERIC)
+
+
 def _label(key: str) -> str:
-    return key[:-len(".name")] if key.endswith(".name") else key
+    label = key[:-len(".name")] if key.endswith(".name") else key
+    return f"config:{label}" if label in RESULT_COLUMNS else label
 
 
 def summarize(sweep_dir: str | Path, metric: str | None = None,
@@ -202,7 +210,7 @@ def summarize(sweep_dir: str | Path, metric: str | None = None,
     runs = sweep_runs(sweep_dir)
     if not runs:
         raise SummaryError(f"{sweep_dir} is not a sweep: no run folders (with .hydra/"
-                           "overrides.yaml) under it")
+                           "overrides.yaml or summary.json) under it")
     loaded = [load_run(d, s) for d, s in runs.items()]
     metric = choose_metric(loaded, metric)
     records = [run_record(r, metric) | {"run": r["dir"].relative_to(sweep_dir).as_posix()}

@@ -436,3 +436,52 @@ def test_ctrl_c_checkpoints_says_one_line_and_exits_130_then_resumes(tmp_path, r
     done = subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and f"[resume] {run_dir}: from step {k} " in done.stdout, done
     assert read_summary(run_dir)["status"] == "ok" and read_summary(run_dir)["resumed"]
+
+
+# ---------------------------------------------------------------- 11. what a newcomer meets
+
+def _committed_sweeps() -> list[Path]:
+    """Every committed sweep: each folder under results/sweeps whose runs sit in method folders."""
+    return sorted({p.parents[2] for p in _committed_summaries()})
+
+
+@pytest.mark.parametrize("sweep", _committed_sweeps(),
+                         ids=lambda p: p.relative_to(REPO / "results" / "sweeps").as_posix())
+def test_summarize_reads_every_committed_sweep(sweep, tmp_path):
+    """The CNN-gap study's sweeps are committed without hydra's .hydra folders; summarize found
+    no run in them ("not a sweep"), although migrate --check reads them."""
+    p = subprocess.run([sys.executable, "-m", "analysis.summarize", str(sweep),
+                        "--out", str(tmp_path / "table.csv")], cwd=REPO, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    n = len(list(sweep.rglob("summary.json")))
+    assert f": {n} runs in " in p.stdout.splitlines()[0], p.stdout
+    assert "damaged" not in p.stdout and (tmp_path / "table.csv").is_file()
+
+
+def test_an_unquoted_space_in_a_value_gets_a_hint_to_quote_it(tmp_path):
+    """``hydra.run.dir=my dir`` typed unquoted reaches hydra as two overrides (``dir`` has no
+    ``=``); a stray quote is a grammar error (LexerNoViableAltException). Both: one or two
+    lines that say to quote the value, exit 2, no folder."""
+    p = cli("steps=5", f"hydra.run.dir={tmp_path / 'my'}", "dir")
+    lines = refused(p)
+    assert "'dir' is not key=value" in lines[0] and "quote" in p.stderr, lines
+    assert f"'hydra.run.dir={tmp_path / 'my'} dir'" in p.stderr, lines
+    p = cli("steps=5", f"hydra.run.dir={tmp_path / 'my'}'s run")
+    lines = refused(p)
+    assert "hydra.run.dir=" in lines[0] and "quote" in p.stderr, lines
+    assert "LexerNoViableAltException" not in p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_readme_key_table_names_every_key_a_run_has():
+    """Every key of the run schema shared by the entry points (max_grads was missing) is in the
+    first column of the README's table of keys (``wandb.*`` stands for the W&B keys)."""
+    import re
+    from dataclasses import fields
+    from experiments.run.config import RunConf
+    listed = set()
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith("| `"):
+            listed |= {k.split(".")[0] for k in re.findall(r"`([a-z_.]+)", line.split("|")[1])}
+    assert [f.name for f in fields(RunConf) if f.name not in listed] == []

@@ -167,11 +167,12 @@ def check_run(config_name: str, overrides: list[str], multirun: bool, task,
     ``hydra_plugins.gluon_sweeper``, checks every job before launching any). ConfigError if bad.
     A single run's folder is then locked (:func:`check_environment`): the lock is returned."""
     from .config import compose
+    unquoted(overrides)
     try:
         cfg = compose(config_name, *(first_point(overrides) if multirun else overrides),
                       hydra=True, config_dir=config_dir)
     except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
-        raise ConfigError(composition_message(err)) from None
+        raise ConfigError(composition_message(err, overrides)) from None
     validate(cfg, task, check_world=not (multirun and launcher_starts_workers(cfg)))
     return check_environment(cfg, multirun, task, lock=True)
 
@@ -836,10 +837,29 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def composition_message(err: Exception) -> str:
+QUOTE_HINT = ("quote a value with a space for the shell: 'key=my dir'; one with a quote or "
+              "bracket in it for hydra too: \"key='my dir(1)'\"")
+
+
+def unquoted(overrides: list[str]) -> None:
+    """ConfigError for a word that is not ``key=value`` (nor ``~key``): a value with a space
+    typed without quotes reaches hydra as two overrides (``hydra.run.dir=my dir``)."""
+    for i, o in enumerate(overrides):
+        if "=" in o or o.startswith("~"):
+            continue
+        before = overrides[i - 1] if i and "=" in overrides[i - 1] else None
+        guess = f": if it belongs to the value before it, write '{before} {o}'" if before else ""
+        raise ConfigError(f"'{o}' is not key=value{guess}\n  {QUOTE_HINT}")
+
+
+def composition_message(err: Exception, overrides: list[str] = ()) -> str:
     """Hydra's message for a bad override, in one or two lines."""
     override = None
     text = str(err).strip()
+    if "LexerNoViableAltException" in text or "mismatched input" in text:
+        bad = _unparsable(overrides)
+        if bad is not None:
+            return f"{bad}: hydra cannot read this value (a quote or bracket in it?)\n  {QUOTE_HINT}"
     missing = _missing_option(text)
     if missing:
         return missing
@@ -858,6 +878,18 @@ def composition_message(err: Exception) -> str:
             options.append(ln)
         return f"{lines[0]}\n{lines[i]} {', '.join(options)}"
     return "\n".join(lines[:2]) if lines else type(err).__name__
+
+
+def _unparsable(overrides) -> str | None:
+    """The first override hydra's grammar cannot parse, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except Exception:  # noqa: BLE001 (hydra's grammar errors)
+            return o
+    return None
 
 
 def _missing_option(text: str) -> str | None:

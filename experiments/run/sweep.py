@@ -13,15 +13,18 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .runs import FINISHED
+from .runs import FINISHED, SUMMARY
 from .runs import status as run_status
 
 
 def sweep_runs(sweep_dir: Path) -> dict[Path, str]:
-    """Every job directory under ``sweep_dir`` (hydra writes ``.hydra/overrides.yaml`` in each
-    job's directory when it starts it), with its status."""
-    return {o.parent.parent: run_status(o.parent.parent)
-            for o in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml"))}
+    """Every job directory under ``sweep_dir`` with its status: each folder where hydra started
+    a job (it writes ``.hydra/overrides.yaml`` there first) or that holds a run's summary.json
+    (run folders committed without hydra's ``.hydra``, such as ``results/sweeps/cnn_gap``)."""
+    root = Path(sweep_dir)
+    found = {o.parent.parent for o in root.glob("**/.hydra/overrides.yaml")}
+    found |= {s.parent for s in root.glob(f"**/{SUMMARY}")}
+    return {d: run_status(d) for d in sorted(found)}
 
 
 def report(sweep_dir: Path, skipped: dict[Path, str], launched: list[Path]) -> None:
