@@ -354,6 +354,23 @@ def test_every_committed_run_keeps_its_folder_name():
         assert runs.folder_name(s["config"], s["data_id"]) == path.parent.name, path
 
 
+def test_ctrl_c_while_waiting_for_another_runs_folder_is_one_line_and_130(tmp_path, results):
+    from experiments.run.runs import RunLock
+    run_dir = tmp_path / "run"
+    with RunLock(run_dir):                             # another process writes the folder
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.logreg", "steps=50", f"results_dir={results}",
+             f"hydra.run.dir={run_dir}"], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        said = proc.stdout.readline()
+        assert "is being written by pid" in said and "waiting" in said, said
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "stopped: SIGINT (Ctrl-C)", out + err
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]    # nothing else touched
+
+
 # ---------------------------------------------------------------- 7. migrate and unreadable summaries
 
 def test_migrate_exits_non_zero_when_a_summary_is_unreadable(tmp_path, results):

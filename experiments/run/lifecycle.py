@@ -141,6 +141,9 @@ def command_line(hydra_main: Callable, config_name: str, task,
                               config_dir)
         except (ConfigError, EnvironmentProblem) as err:
             fail(str(err))
+        except KeyboardInterrupt:             # Ctrl-C while checking, or waiting for a folder
+            print("stopped: SIGINT (Ctrl-C)", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGINT) from None
         if os.environ.get("RANK", "0") != "0":   # rank > 0 of a multi-process run: no writing
             sys.argv = [sys.argv[0], *argv, "hydra.output_subdir=null",
                         "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
