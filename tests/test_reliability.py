@@ -502,3 +502,90 @@ def test_the_readme_key_table_names_every_key_a_run_has():
         if line.startswith("| `"):
             listed |= {k.split(".")[0] for k in re.findall(r"`([a-z_.]+)", line.split("|")[1])}
     assert [f.name for f in fields(RunConf) if f.name not in listed] == []
+
+
+# ---------------------------------------------------------------- 12. make verify
+
+def _fake_panel(sweep: Path, shift: float = 0.0) -> None:
+    """Two methods of a5a's panel, three seeds each: Gluon and Alg. 1, Alg. 1's curve
+    ``shift`` lower in log10 (a larger reduction)."""
+    comm = [0, 10, 20, 30, 40]
+    for seed in range(3):
+        for name, method, gap in (("g", "gluon", [1, .5, .2, .05, .02]),
+                                  ("a", "alg1", [1, .1, .05, .01, .005])):
+            d = sweep / f"{name}-{seed}"
+            d.mkdir(parents=True)
+            gap = [g * (1 + 0.1 * seed) * (10 ** -shift if method == "alg1" and i else 1)
+                   for i, g in enumerate(gap)]
+            config = {"method": {"name": method}, "compressor": {"name": "randk"},
+                      "seed": seed, "max_comm": 40}
+            (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config,
+                                                        "wall_time": 1.0}))
+            (d / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": i, "comm": c, "bytes": 4 * c, "gap": g}) + "\n"
+                for i, (c, g) in enumerate(zip(comm, gap))))
+
+
+def _verify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis.verify", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_verify_accepts_the_committed_table_and_regenerates_into_a_scratch_folder(tmp_path):
+    """The committed reduction table against itself: reproduced, bit-identical. A regenerated
+    panel (here a small fake one) is aggregated by the figure's code into --out, and
+    results/fig2 is left as committed."""
+    p = _verify("--new", str(REPO / "results" / "fig2" / "reduction.csv"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "verdict: reproduced (bit-identical)"
+    assert "alg4       gluon                  77.0% [75.2%, 78.7%]           77.0%" in p.stdout
+    committed = tree(REPO / "results" / "fig2")
+    _fake_panel(tmp_path / "made")                  # the panel that was committed ...
+    assert _verify("--sweep", str(tmp_path / "made"), "--out", str(tmp_path / "ref"),
+                   "--committed", str(tmp_path / "ref")).returncode == 0
+    _fake_panel(tmp_path / "again")                 # ... and made again on the same machine
+    p = _verify("--sweep", str(tmp_path / "again"), "--out", str(tmp_path / "new"),
+                "--committed", str(tmp_path / "ref"))
+    assert p.returncode == 0 and "verdict: reproduced (bit-identical)" in p.stdout, p
+    assert (tmp_path / "new" / "reduction.csv").read_bytes() == \
+        (tmp_path / "ref" / "reduction.csv").read_bytes()
+    assert tree(REPO / "results" / "fig2") == committed
+    missing = _verify("--sweep", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_verify_refuses_a_reduction_outside_its_committed_interval(tmp_path):
+    """A regenerated panel whose Alg. 1 saves far more uplink than the committed one (its
+    curve lower): NOT reproduced, the row named, exit 1. A smaller move that stays inside the
+    interval: reproduced, with the curves' difference reported."""
+    for name, shift in (("ref", 0.0), ("near", 0.01), ("far", 0.6)):
+        _fake_panel(tmp_path / name / "sweep", shift)
+        p = _verify("--sweep", str(tmp_path / name / "sweep"), "--out",
+                    str(tmp_path / name / "fig2"), "--committed", str(tmp_path / "ref" / "fig2"))
+        if name == "ref":                     # the committed panel (against itself)
+            assert p.returncode == 0, p.stdout + p.stderr
+        elif name == "near":
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert "verdict: reproduced (every reduction inside" in p.stdout
+            assert "curves: differ from the committed ones by up to alg1" in p.stdout
+        else:
+            assert p.returncode == 1, p.stdout + p.stderr
+            assert "verdict: NOT reproduced" in p.stdout and "OUTSIDE" in p.stdout
+
+
+# ---------------------------------------------------------------- the table of what is tried
+
+def test_every_test_docs_reliability_names_exists_and_this_files_are_all_named():
+    """docs/reliability.md names tests as ``tests/<file>.py::<test>``: each must be a test
+    function of that file; and every test of this file must be in the table."""
+    import re
+    text = (REPO / "docs" / "reliability.md").read_text()
+    named = re.findall(r"`(tests/[a-z0-9_/]+\.py)::(test_[a-z0-9_]+)`", text)
+    assert len(named) >= 50
+    for path, name in named:
+        source = (REPO / path).read_text()
+        assert re.search(rf"^def {name}\(", source, flags=re.M), f"{path}::{name} does not exist"
+    here = re.findall(r"^def (test_[a-z0-9_]+)\(", Path(__file__).read_text(), flags=re.M)
+    here.remove("test_every_test_docs_reliability_names_exists_and_this_files_are_all_named")
+    assert sorted(set(here) - {n for _, n in named}) == []
+    assert "docs/reliability.md" in (REPO / "README.md").read_text()
