@@ -537,7 +537,7 @@ def test_verify_accepts_the_committed_table_and_regenerates_into_a_scratch_folde
     results/fig2 is left as committed."""
     p = _verify("--new", str(REPO / "results" / "fig2" / "reduction.csv"))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.strip().splitlines()[-1] == "verdict: reproduced (bit-identical)"
+    assert p.stdout.strip().splitlines()[-1] == "verdict: reproduced, bit-identical"
     assert "alg4       gluon                  77.0% [75.2%, 78.7%]           77.0%" in p.stdout
     committed = tree(REPO / "results" / "fig2")
     _fake_panel(tmp_path / "made")                  # the panel that was committed ...
@@ -546,7 +546,7 @@ def test_verify_accepts_the_committed_table_and_regenerates_into_a_scratch_folde
     _fake_panel(tmp_path / "again")                 # ... and made again on the same machine
     p = _verify("--sweep", str(tmp_path / "again"), "--out", str(tmp_path / "new"),
                 "--committed", str(tmp_path / "ref"))
-    assert p.returncode == 0 and "verdict: reproduced (bit-identical)" in p.stdout, p
+    assert p.returncode == 0 and "verdict: reproduced, bit-identical" in p.stdout, p
     assert (tmp_path / "new" / "reduction.csv").read_bytes() == \
         (tmp_path / "ref" / "reduction.csv").read_bytes()
     assert tree(REPO / "results" / "fig2") == committed
@@ -566,7 +566,7 @@ def test_verify_refuses_a_reduction_outside_its_committed_interval(tmp_path):
             assert p.returncode == 0, p.stdout + p.stderr
         elif name == "near":
             assert p.returncode == 0, p.stdout + p.stderr
-            assert "verdict: reproduced (every reduction inside" in p.stdout
+            assert "verdict: reproduced: every reduction inside" in p.stdout
             assert "curves: differ from the committed ones by up to alg1" in p.stdout
         else:
             assert p.returncode == 1, p.stdout + p.stderr
