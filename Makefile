@@ -120,6 +120,34 @@ fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in
 
 fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 
+# What compression buys (docs/fair.md): Figure 2's methods against fair dense baselines
+# (large-batch Gluon, Local Gluon) and EF21-Muon re-tuned, read at equal uplink and at equal
+# compute. The compute budget is Alg. 1's gradient evaluations over the uplink budget, read from
+# the uplink panel's Alg. 1 runs (so the commands below that use it run after them).
+.PHONY: fair fair-runs
+FAIR_CAP_LOGREG = $$($(PY) -m paper.fair grads-cap --task logreg)
+FAIR_SELECT_LOGREG = $(PY) -m analysis.select_tuned --sweep results/sweeps/fair/logreg/tune \
+	  --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
+fair: $(STAMP)  ## what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
+	$(PY) -m paper.fair aggregate
+	$(PY) -m paper.fair plot
+
+fair-runs: $(STAMP)  ## the fair-baseline runs on a5a: tuning grids, both readings, 10 seeds (skips finished runs; about an hour on 2 cores)
+	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 local_gluon local_gluon_edges \
+	         local_gluon_q0003 alg1 alg2 alg1_b1024 alg2_b1024; do \
+	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
+	$(FAIR_SELECT_LOGREG)
+	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1      # Alg. 1's gradient count: the cap
+	$(LOGREG_SWEEP) experiment=fair_logreg/tune_ef21_muon max_grads=$(FAIR_CAP_LOGREG)
+	$(FAIR_SELECT_LOGREG)
+	$(LOGREG_SWEEP) experiment=fair_logreg/tune_compute_large_batch_gluon max_grads=$(FAIR_CAP_LOGREG)
+	$(PY) -m analysis.select_tuned --sweep results/sweeps/fair/logreg/tune_compute --x grads \
+	  --out configs/tuned/fair_logreg_compute --table results/fair/tune_compute_scores_logreg.csv
+	$(LOGREG_SWEEP) experiment=fair_logreg/uplink
+	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/ef21_muon steps=200000 max_grads=$(FAIR_CAP_LOGREG)
+	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1 compressor.density=0.001,0.1
+	$(LOGREG_SWEEP) experiment=fair_logreg/compute max_grads=$(FAIR_CAP_LOGREG)
+
 .PHONY: fig-cost shaped shaped-cnn
 fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
 	$(PY) -m paper.cost all

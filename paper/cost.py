@@ -50,7 +50,10 @@ COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", 
 TOPOLOGIES = ("star", "ring")
 BANDWIDTHS = (10e6, 1e9, 100e9)                 # bit/s: the three of panel (b)
 SWEEP = np.logspace(6, 11, 201)                 # bit/s: 1 Mbit/s to 100 Gbit/s, panel (c)
-PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn"}   # a task's panel in the results tables (a5a: its dataset)
+# a panel's name in the results tables (a5a: its dataset; a5a-fair: the fair-baseline panel at
+# equal uplink, docs/fair.md, whose large-batch Gluon and Local Gluon are re-costed too)
+PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn", "fair_logreg": "a5a-fair"}
+FIGURE_PANELS = ("logreg", "cnn")                 # the panels fig_cost_*.png draws
 COMPRESSED = ("alg1", "alg2", "alg3", "alg4", "ef21_muon", "vr_marina")
 RESAMPLES = 2000
 
@@ -144,7 +147,7 @@ def bench_compute(task: str, bench: Path = BENCH) -> Compute:
     per worker and step; t_step(method) = the method's time x (1 - its gradient share) /
     (steps n). CNN (results/bench/cnn.md, ``make bench-cnn``): the CPU ms per step of the
     gradients and of the whole step, per method, the same way."""
-    if PANEL_NAMES.get(task, task) == "a5a":
+    if PANEL_NAMES.get(task, task).startswith("a5a"):
         text = (bench / "logreg.md").read_text()
         head = re.search(r"n = (\d+) workers, (\d+) steps", text)
         n, steps = int(head[1]), int(head[2])
@@ -188,7 +191,9 @@ class Panel:
 
 def load_panel(task: str, sweep: str | None = None) -> Panel:
     """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
-    they lack the cost columns)."""
+    they lack the cost columns); ``fair_logreg``: the fair-baseline panel at equal uplink."""
+    if task == "fair_logreg":
+        return _fair_panel(sweep)
     from experiments.run.config import sweep_dir
     from paper.fig2 import TASKS, _order, budget_of
     from analysis.statistics import group_runs, load_runs, window_of
@@ -209,6 +214,21 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
     budget = budget_of(runs, root)
     return Panel(task, spec["metric"], window_of(budget), budget,
                  dict(sorted(by.items(), key=lambda kv: _order(kv[0]))))
+
+
+def _fair_panel(sweep: str | None = None) -> Panel:
+    """The fair-baseline panel at equal uplink (paper/fair.py), Alg. 1 at Figure 2's density
+    only (its density variants are the study's, not methods to re-cost)."""
+    from analysis.statistics import window_of
+    from paper.fair import READINGS, budget_of, panel_runs, sweep_of
+    root = Path(sweep) if sweep else sweep_of("logreg", "uplink")
+    groups = {k: v for k, v in panel_runs("logreg", "uplink", root).items() if "@" not in k} \
+        if root.exists() else {}
+    if not groups:
+        return Panel("fair_logreg", "gap", math.nan, math.nan, {},
+                     f"no a5a-fair panel runs under {root} (make fair-runs)")
+    budget = budget_of(groups, READINGS["uplink"], root)
+    return Panel("fair_logreg", "gap", window_of(budget), budget, groups)
 
 
 def gluon_level(panel: Panel) -> float:
@@ -391,7 +411,7 @@ def spend(panel: Panel, level: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table(tasks=("logreg", "cnn"), compute_source: str = "bench") -> list[dict]:
+def table(tasks=tuple(PANEL_NAMES), compute_source: str = "bench") -> list[dict]:
     """crossover.csv and crossover.md for ``tasks``; the rows (and the spending table,
     ``spent_<panel>.md``) of a panel not among them, or without runs here, are kept as they
     are, so re-costing one panel never drops the other's results."""
@@ -455,7 +475,7 @@ def _grid_curve(runs, metric, window, x_of, grid):
     return mean, lo, hi
 
 
-def plot(tasks=("logreg", "cnn"), out: Path = FIG) -> list[Path]:
+def plot(tasks=FIGURE_PANELS, out: Path = FIG) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -637,7 +657,7 @@ def readme_table(task: str = "a5a", path: Path | None = None) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cmd", choices=["table", "plot", "all", "readme"])
-    ap.add_argument("--task", choices=["logreg", "cnn"], nargs="+", default=["logreg", "cnn"])
+    ap.add_argument("--task", choices=list(PANEL_NAMES), nargs="+", default=list(PANEL_NAMES))
     ap.add_argument("--compute", choices=["bench", "measured"], default="bench",
                     help="compute time: make bench's per-gradient time, or the rows' compute_s")
     args = ap.parse_args(argv)
@@ -648,7 +668,7 @@ def main(argv=None) -> None:
     if args.cmd in ("table", "all"):
         table(args.task, args.compute)
     if args.cmd in ("plot", "all"):
-        plot(args.task)
+        plot([t for t in args.task if t in FIGURE_PANELS])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,403 @@
+"""What compression buys: Figure 2's methods against fair dense baselines (docs/fair.md).
+
+    python -m paper.fair aggregate              # results/sweeps/fair/<task>/* -> results/fair/
+    python -m paper.fair plot                   # results/fair/*_curves.csv -> figures/fig2_fair.png
+    python -m paper.fair grads-cap --task logreg    # Alg. 1's gradient evaluations at the budget
+    python -m paper.fair readme                 # the README's sentence and table, from the CSV
+
+Figure 2 compares Alg. 1 and 2 with Gluon at B = 1, the paper's baseline. Alg. 1's syncs average
+B minibatches per worker, a lever the baseline never gets. Two dense baselines take it away:
+large-batch Gluon (B minibatches on every step) and Local Gluon (Alg. 2 with C = 0: the syncs
+alone). Every method is read twice with Figure 2's statistic (docs/statistics.md), once against
+uplink and once against gradient evaluations per worker (equal compute), each at the final level
+of each dense baseline. The decomposition says, per reading, what Alg. 1 and 2 gain against each
+baseline, and whether that gain is told apart from zero by the rule fixed before the runs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from analysis.statistics import (group_runs, load_runs, read_csv, reduction_rows,
+                                  smoothed_curves, window_of, write_csv)
+from experiments.run.runs import atomic_write_text
+
+OUT = Path("results/fair")
+FIG = Path("figures")
+SWEEPS = Path("results/sweeps/fair")
+
+
+class Reading(NamedTuple):
+    """One way to read a panel: the x axis of every curve and the key of its budget."""
+    x: str              # the logged column: "comm" (uplink) or "grads" (gradient evaluations)
+    budget_key: str     # the config key every run of the reading's sweep stops at
+    axis: str           # the axis label
+
+
+READINGS = {"uplink": Reading("comm", "max_comm", "uplink per worker (dense gradients)"),
+            "compute": Reading("grads", "max_grads",
+                               "gradient evaluations per worker (minibatches)")}
+
+
+class Panel(NamedTuple):
+    task: str           # the entry point's task
+    name: str           # the panel's name in the tables (as Figure 2's: a5a, cnn)
+    metric: str         # the tracked metric
+    title: str
+
+
+PANELS = {"logreg": Panel("logreg", "a5a", "gap", "Logistic regression, a5a"),
+          "cnn": Panel("cnn", "cnn", "loss", "CNN (airbench94 at 16/64/64), CIFAR-10")}
+DENSE = ("gluon", "large_batch_gluon", "local_gluon")    # the baselines that send no compression
+BASELINES = DENSE + ("ef21_muon",)
+METHODS = ("alg1", "alg2")                                  # what the decomposition reads
+PANEL_DENSITY = 0.01     # Figure 2's RandK/TopK density; Alg. 1 at others is labelled by it
+LABELS = {"gluon": "Gluon, B = 1 (the paper's baseline)", "large_batch_gluon": "large-batch Gluon",
+          "local_gluon": "Local Gluon (syncs only)", "ef21_muon": "EF21-Muon, TopK",
+          "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)"}
+ORDER = ["gluon", "large_batch_gluon", "local_gluon", "ef21_muon", "alg1", "alg2"]
+SHORT = {"gluon": "Gluon (B = 1)", "large_batch_gluon": "large-batch Gluon",
+         "local_gluon": "Local Gluon"}
+
+
+def group_label(config: dict) -> str:
+    """A group's name in the tables: the method's, and Alg. 1's RandK density when it is not
+    the panel's (``alg1@0.1``)."""
+    name = config["method"]["name"]
+    density = (config.get("compressor") or {}).get("density")
+    if name == "alg1" and density is not None and density != PANEL_DENSITY:
+        return f"alg1@{density:g}"
+    return name
+
+
+def _order(label: str) -> tuple:
+    base, _, density = label.partition("@")
+    return (ORDER.index(base) if base in ORDER else 99, float(density or 0))
+
+
+def sweep_of(task: str, reading: str) -> Path:
+    return SWEEPS / task / reading
+
+
+def panel_runs(task: str, reading: str, root: Path | None = None) -> dict[str, list]:
+    """{label: runs sorted by seed} of one reading's sweep; {} when it has no finished runs.
+    Two settings under one label are refused (a stale run: remove it and rerun)."""
+    root = root or sweep_of(task, reading)
+    groups: dict[str, list] = {}
+    for group in group_runs(load_runs(root)).values():
+        label = group_label(group[0].config)
+        if label in groups:
+            raise SystemExit(f"two different {label} settings under {root}: remove the stale "
+                             "runs and rerun")
+        groups[label] = sorted(group, key=lambda r: r.config["seed"])
+    return dict(sorted(groups.items(), key=lambda kv: _order(kv[0])))
+
+
+def budget_of(groups: dict, reading: Reading, root) -> float:
+    budgets = {r.config.get(reading.budget_key) for g in groups.values() for r in g}
+    if len(budgets) != 1 or None in budgets:
+        raise SystemExit(f"the runs under {root} have budgets ({reading.budget_key}) "
+                         f"{sorted(budgets, key=str)}: a reading needs one")
+    return float(budgets.pop())
+
+
+# ---------------------------------------------------------------- the decomposition
+
+def verdict(reduction: float, low: float, high: float, reached: int, seeds: int) -> str:
+    """The rule fixed before the runs (docs/fair.md): a gain is told apart from zero when its
+    95% interval lies wholly above 0 ("adds"), a loss when wholly below ("costs"); otherwise
+    the two are not told apart. A method that misses the baseline's final level in a seed has
+    no reduction: "not reached"."""
+    if reached < seeds or math.isnan(reduction):
+        return f"not reached ({reached}/{seeds} seeds)"
+    if low > 0:
+        return "adds"
+    if high < 0:
+        return "costs"
+    return "not told apart"
+
+
+DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
+                        "baseline_x", "reduction", "low", "high", "interval", "seeds",
+                        "seeds_reached", "baseline_censored", "verdict"]
+
+
+def decomposition(rows: list[dict], task: str, reading: str) -> list[dict]:
+    """From a reading's reduction rows: each method of METHODS against each dense baseline at
+    that baseline's final level (smoothed first hit), with the interval Figure 2's README uses
+    (the percentile bootstrap from 10 seeds on, the paired t-interval below) and its verdict.
+    ``best_dense`` marks the dense baseline with the lowest final level."""
+    finals = [r for r in rows if r["level"] == "baseline_final"
+              and r["metric"] == "smoothed_first_hit"]
+    by = {(r["baseline"], r["method"]): r for r in finals}
+    levels = {b: by[(b, b)]["eps"] for b in DENSE if (b, b) in by}
+    best = min(levels, key=levels.get) if levels else ""
+    out = []
+    for m in METHODS:
+        for b in DENSE:
+            r = by.get((b, m))
+            if r is None:
+                continue
+            t = r["seeds"] < 10
+            low, high = (r["t_low"], r["t_high"]) if t else (r["ci_low"], r["ci_high"])
+            out.append({"task": task, "reading": reading, "method": m, "baseline": b,
+                        "best_dense": b == best, "level": r["eps"], "method_x": r["comm"],
+                        "baseline_x": r["baseline_comm"], "reduction": r["reduction"],
+                        "low": low, "high": high,
+                        "interval": "95% t-interval" if t else "95% bootstrap CI",
+                        "seeds": r["seeds"], "seeds_reached": r["seeds_reached"],
+                        "baseline_censored": r["baseline_censored"],
+                        "verdict": verdict(r["reduction"], low, high, r["seeds_reached"],
+                                           r["seeds"])})
+    return out
+
+
+def _num(v) -> bool:
+    return not isinstance(v, str) and v is not None and not math.isnan(v)
+
+
+def _pct(r: dict) -> str:
+    if not _num(r["reduction"]):
+        return r["verdict"]
+    return f"{100 * r['reduction']:.0f}% [{100 * r['low']:.0f}, {100 * r['high']:.0f}]"
+
+
+def markdown(rows: list[dict]) -> str:
+    """decomposition.md: per panel and reading, Alg. 1 and 2's reduction against each dense
+    baseline at that baseline's final level, its interval and verdict."""
+    lines = ["| panel | reading | method | " + " | ".join(
+        f"against {SHORT[b]}" for b in DENSE) + " |", "|---|---|---|" + "---|" * len(DENSE)]
+    get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
+    keys = sorted({(r["task"], r["reading"], r["method"]) for r in rows},
+                  key=lambda k: (k[0] != "a5a", list(READINGS).index(k[1]), k[2]))
+    for task, reading, m in keys:
+        cells = []
+        for b in DENSE:
+            r = get.get((task, reading, m, b))
+            if r is None:
+                cells.append("-")
+                continue
+            best = " (best dense)" if r["best_dense"] in (True, "True") else ""
+            cells.append(f"{_pct(r)} {r['verdict']}{best}" if _num(r["reduction"])
+                         else f"{r['verdict']}{best}")
+        lines.append(f"| {task} | {reading} | {LABELS[m]} | " + " | ".join(cells) + " |")
+    notes = sorted({(r["task"], r["reading"], r["interval"], int(r["seeds"])) for r in rows})
+    text = "\n".join(lines) + "\n\n" + "Each cell: the reduction in uplink (or in gradient " \
+        "evaluations) to reach that baseline's final level, " + "; ".join(
+            f"{t} {rd}: {iv} over {n} seeds" for t, rd, iv, n in notes) + ".\n"
+    return text + "\n" + answer(rows) + "\n"
+
+
+def answer(rows: list[dict]) -> str:
+    """The one-sentence mechanism per panel, written from the table (the README quotes it)."""
+    get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
+    out = []
+    for task in sorted({r["task"] for r in rows}, key=lambda t: t != "a5a"):
+        up = [r for r in rows if r["task"] == task and r["reading"] == "uplink"]
+        best = next((r["baseline"] for r in up if r["best_dense"] in (True, "True")), None)
+        r_paper, r_best = get.get((task, "uplink", "alg1", "gluon")), \
+            get.get((task, "uplink", "alg1", best))
+        r_local = get.get((task, "uplink", "alg1", "local_gluon"))
+        if not (r_paper and r_best and r_local):
+            out.append(f"**{task}**: pending (the uplink reading lacks a dense baseline).")
+            continue
+        comp = get.get((task, "compute", "alg1", best)) or {}
+        cbest = next((r["baseline"] for r in rows if r["task"] == task
+                      and r["reading"] == "compute" and r["best_dense"] in (True, "True")), None)
+        ccell = get.get((task, "compute", "alg1", cbest)) if cbest else None
+        sentence = (f"**{task}**: at equal uplink Alg. 1 needs {_pct(r_paper)} less than Gluon "
+                    f"at B = 1 (the paper's baseline) and {_pct(r_best)} less than the best "
+                    f"dense baseline, {SHORT[best]}; against Local Gluon, which sends only the "
+                    f"syncs, the compressed messages give {_pct(r_local)} ({r_local['verdict']}).")
+        if ccell:
+            sentence += (f" At equal compute it needs {_pct(ccell)} fewer gradient evaluations "
+                         f"than the best dense baseline there, {SHORT[cbest]} "
+                         f"({ccell['verdict']}).")
+        out.append(sentence)
+    return "\n\n".join(out)
+
+
+def write_decomposition(rows: list[dict], task_name: str) -> None:
+    """Replace one panel's rows of decomposition.csv (the other panel's are kept) and rewrite
+    decomposition.md from the whole CSV."""
+    path = OUT / "decomposition.csv"
+    keep = [r for r in read_csv(path) if r["task"] != task_name] if path.exists() else []
+    all_rows = sorted(keep + rows, key=lambda r: r["task"] != "a5a")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for r in all_rows:
+        w.writerow({k: ("" if isinstance(r[k], float) and math.isnan(r[k]) else r[k])
+                    for k in DECOMPOSITION_FIELDS})
+    atomic_write_text(path, buf.getvalue())
+    atomic_write_text(OUT / "decomposition.md", markdown(read_csv(path)))
+
+
+# ---------------------------------------------------------------- aggregation
+
+def aggregate(task: str) -> None:
+    """Curves, reduction rows and the decomposition of one task's fair panel, from its sweeps
+    (each reading that has finished runs; a reading without any is skipped and said so)."""
+    panel = PANELS[task]
+    decomposed, reductions, settings = [], [], {}
+    for name, reading in READINGS.items():
+        root = sweep_of(task, name)
+        groups = panel_runs(task, name, root)
+        if not groups:
+            print(f"[fair] {root}: no finished runs yet; skipped")
+            continue
+        budget = budget_of(groups, reading, root)
+        window = window_of(budget)
+        write_csv(smoothed_curves(groups, panel.metric, budget, window, x=reading.x),
+                  OUT / f"{task}_{name}_curves.csv")
+        rows = reduction_rows(groups, panel.metric, eps_list=[],
+                              baselines=[b for b in BASELINES if b in groups], budget=budget,
+                              width=window, task=panel.name, x=reading.x)
+        for r in rows:
+            r["reading"] = name
+        reductions += rows
+        decomposed += decomposition(rows, panel.name, name)
+        settings[name] = {label: {"method": {k: v for k, v in g[0].config["method"].items()
+                                             if v is not None},
+                                  "compressor": {k: v for k, v in g[0].config["compressor"].items()
+                                                 if v is not None},
+                                  "seeds": [r.config["seed"] for r in g],
+                                  "status": sorted(r.status for r in g),
+                                  "budget": budget, "window": window,
+                                  "end": round(float(np.mean([r.rows[-1][reading.x] for r in g])), 3),
+                                  "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
+                                  "end_grads": round(float(np.mean([r.rows[-1]["grads"] for r in g])), 1),
+                                  "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1)}
+                          for label, g in groups.items()}
+    if not settings:
+        raise SystemExit(f"no finished runs under {SWEEPS / task}: run `make fair-runs`")
+    write_csv(reductions, OUT / f"{task}_reduction.csv")
+    atomic_write_text(OUT / f"{task}_settings.json", json.dumps(settings, indent=2) + "\n")
+    write_decomposition(decomposed, panel.name)
+    print((OUT / "decomposition.md").read_text())
+
+
+def grads_cap(task: str, method: str = "alg1") -> int:
+    """Mean over seeds of ``method``'s gradient evaluations per worker at the end of its runs in
+    the uplink reading (at Figure 2's density): the compute budget of the compute reading and
+    EF21-Muon's cap."""
+    runs = panel_runs(task, "uplink").get(method, [])
+    if not runs:
+        raise SystemExit(f"no finished {method} runs under {sweep_of(task, 'uplink')}")
+    return int(round(np.mean([r.rows[-1]["grads"] for r in runs])))
+
+
+# ---------------------------------------------------------------- the figure
+
+def plot(out: Path = FIG) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(PANELS), len(READINGS), figsize=(12, 4.4 * len(PANELS)),
+                             squeeze=False)
+    for row, (task, panel) in zip(axes, PANELS.items()):
+        meta = OUT / f"{task}_settings.json"
+        settings = json.loads(meta.read_text()) if meta.exists() else {}
+        for ax, (name, reading) in zip(row, READINGS.items()):
+            ax.set_title(f"{panel.title}: equal {name}", fontsize=10)
+            ax.set_xlabel(reading.axis)
+            ax.set_ylabel(r"$f(x) - f^*$" if panel.metric == "gap" else "training loss")
+            path = OUT / f"{task}_{name}_curves.csv"
+            rows = read_csv(path) if path.exists() else []
+            if not rows:
+                ax.text(0.5, 0.5, "no runs yet:\nmake fair-runs", ha="center", va="center",
+                        transform=ax.transAxes)
+                continue
+            for label in sorted({r["label"] for r in rows}, key=_order):
+                rs = [r for r in rows if r["label"] == label]
+                base, _, density = label.partition("@")
+                text = LABELS.get(base, base) + (f" {100 * float(density):g}%" if density else "")
+                ls = "--" if base in BASELINES else ("-" if not density else ":")
+                x = [r["comm"] for r in rs]
+                (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.5,
+                                  color=f"C{_order(label)[0] % 10}" if not density else None,
+                                  label=text)
+                ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
+                                color=line.get_color(), alpha=0.18, lw=0)
+                ax.plot(x, [r["raw"] for r in rs], "-", lw=0.5, alpha=0.3, color=line.get_color())
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            info = settings.get(name, {})
+            window = next(iter(info.values()), {}).get("window", "?")
+            ax.legend(fontsize=7, title_fontsize=7,
+                      title=f"geometric mean of {int(rows[0]['seeds'])} seeds, trailing "
+                            f"{window}-unit window; band: 95% bootstrap CI; thin: unsmoothed")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "fig2_fair.png"
+    fig.savefig(path, dpi=130, metadata={"Software": None})
+    print(f"wrote {path}")
+    return path
+
+
+def readme() -> str:
+    """The README's fair-baseline block: the sentences and the decomposition table."""
+    return (OUT / "decomposition.md").read_text()
+
+
+DOCS = (Path("README.md"), Path("docs/fair.md"))   # the pages that quote decomposition.md
+
+
+def block(name: str) -> re.Pattern:
+    """The ``<!-- name:begin -->`` ... ``<!-- name:end -->`` block of a page."""
+    return re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+
+
+def quoted() -> dict[str, str]:
+    """What each block holds: ``fair`` the whole decomposition.md, ``fair-answer`` its sentences."""
+    return {"fair": readme(), "fair-answer": answer(read_csv(OUT / "decomposition.csv")) + "\n"}
+
+
+def quote_in_docs(pages=DOCS) -> None:
+    """Write the blocks of each page (``fair`` in every page, ``fair-answer`` where present),
+    so the pages quote the tables as the code wrote them (a test checks they do)."""
+    texts = quoted()
+    for page in pages:
+        text = page.read_text()
+        if not block("fair").search(text):
+            raise SystemExit(f"{page} has no <!-- fair:begin --> ... <!-- fair:end --> block")
+        new = text
+        for name, body in texts.items():
+            new = block(name).sub(lambda m: m.group(1) + body + m.group(2), new)
+        if new != text:
+            atomic_write_text(page, new)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("aggregate")
+    a.add_argument("--task", choices=sorted(PANELS), action="append")
+    sub.add_parser("plot")
+    g = sub.add_parser("grads-cap")
+    g.add_argument("--task", choices=sorted(PANELS), required=True)
+    sub.add_parser("readme")
+    args = ap.parse_args(argv)
+    if args.cmd == "aggregate":
+        for task in args.task or [t for t in PANELS if (SWEEPS / t).exists()]:
+            aggregate(task)
+        quote_in_docs()
+    elif args.cmd == "grads-cap":
+        print(grads_cap(args.task))
+    elif args.cmd == "readme":
+        print(readme(), end="")
+    else:
+        plot()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""What compression buys (paper/fair.py, docs/fair.md): the decomposition's arithmetic on
+hand-made runs with known answers, the rule fixed before the runs, both readings (uplink and
+compute), and the committed tables quoted word for word where the docs show them."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from analysis.statistics import load_runs, reduction_rows
+from paper import fair
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = list(range(0, 101, 5))      # the rows: 0, 5, ..., 100 (the budget)
+
+
+def fake(root: Path, method: str, seed: int, gaps: list[float], *, comm: float = 1.0,
+         grads: float = 1.0, density: float | None = None) -> None:
+    """A finished run with f - f* = ``gaps`` at its rows 0, 5, ..., 100, whose uplink is
+    ``comm`` times that and whose gradient evaluations are ``grads`` times that."""
+    d = root / f"{method}-{density}-{seed}"
+    d.mkdir(parents=True)
+    comp = {"name": "randk", "density": density} if density else {"name": "identity"}
+    config = {"method": {"name": method}, "compressor": comp, "seed": seed,
+              "max_comm": 100 * comm, "max_grads": 100 * grads}
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config,
+                                                "wall_time": 1.0}))
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "comm": c * comm, "grads": c * grads, "bytes": 4 * c, "gap": g})
+        + "\n" for i, (c, g) in enumerate(zip(STEPS, gaps))))
+
+
+def drop(at: int, to: float) -> list[float]:
+    """A method: f - f* = 1 before row ``at``, then ``to``."""
+    return [1.0 if c < at else to for c in STEPS]
+
+
+def baseline(at: int, level: float) -> list[float]:
+    """A baseline that ends at ``level`` and first reaches it at row ``at`` (a tenth below it
+    there, so that the level it holds at the end, a geometric mean, is reached at ``at``
+    whatever its last bit)."""
+    return [1.0 if c < at else (0.9 * level if c == at else level) for c in STEPS]
+
+
+def make_panel(root: Path, axis: str) -> Path:
+    """Three seeds on one axis (``comm`` or ``grads``: the rows' 0..100 are that axis; the other
+    is scaled, so a reading of the wrong column gives other numbers). Final levels: Gluon 0.1,
+    large-batch Gluon 0.05 (the best dense), Local Gluon 0.2, reached at 80, 80 and 70. Alg. 1
+    drops to 0.01 at 35, 40 and 45 (mean 40); Alg. 2 to 0.15 at 20, 30 and 40, no lower."""
+    other = "grads" if axis == "comm" else "comm"
+    for s in range(3):
+        fake(root, "gluon", s, baseline(80, 0.1), **{other: 1.0})
+        fake(root, "large_batch_gluon", s, baseline(80, 0.05), **{other: 16.0})
+        fake(root, "local_gluon", s, baseline(70, 0.2), **{other: 4.0})
+        fake(root, "alg1", s, drop((35, 40, 45)[s], 0.01), density=0.01, **{other: 0.1})
+        fake(root, "alg2", s, drop((20, 30, 40)[s], 0.15), **{other: 0.1})
+    return root
+
+
+@pytest.fixture
+def panel(tmp_path):
+    return make_panel(tmp_path, "comm")
+
+
+def table(root, x="comm"):
+    groups = fair.panel_runs("logreg", "uplink", root)
+    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(fair.DENSE), budget=100,
+                          width=1e-9, task="a5a", x=x)        # a window narrower than a row
+    return {(r["method"], r["baseline"]): r
+            for r in fair.decomposition(rows, "a5a", "uplink" if x == "comm" else "compute")}
+
+
+def test_decomposition_at_equal_uplink_by_hand(panel):
+    d = table(panel)
+    mean = (35 + 40 + 45) / 3
+    assert d[("alg1", "gluon")]["reduction"] == pytest.approx(1 - mean / 80)
+    assert d[("alg1", "large_batch_gluon")]["reduction"] == pytest.approx(1 - mean / 80)
+    assert d[("alg1", "local_gluon")]["reduction"] == pytest.approx(1 - mean / 70)
+    assert d[("alg1", "gluon")]["level"] == pytest.approx(0.1)
+    assert d[("alg1", "local_gluon")]["level"] == pytest.approx(0.2)
+    # the best dense baseline: the lowest final level, here large-batch Gluon's 0.05
+    assert [b for (m, b), r in d.items() if m == "alg1" and r["best_dense"]] == ["large_batch_gluon"]
+    # three seeds: the paired t-interval, which holds the point; it lies above 0
+    r = d[("alg1", "gluon")]
+    assert r["interval"] == "95% t-interval" and 0 < r["low"] < r["reduction"] < r["high"]
+    assert r["verdict"] == "adds"
+    # Alg. 2 stops at 0.15: it reaches Local Gluon's 0.2 (at 20, 30, 40), not the others'
+    assert d[("alg2", "local_gluon")]["reduction"] == pytest.approx(1 - 30 / 70)
+    assert d[("alg2", "gluon")]["verdict"] == "not reached (0/3 seeds)"
+    assert math.isnan(d[("alg2", "large_batch_gluon")]["reduction"])
+
+
+def test_decomposition_at_equal_compute_reads_gradient_evaluations(tmp_path):
+    """The same shape against gradients; the uplink columns, scaled differently per method,
+    would give other numbers."""
+    d = table(make_panel(tmp_path, "grads"), x="grads")
+    mean = (35 + 40 + 45) / 3
+    assert d[("alg1", "gluon")]["method_x"] == pytest.approx(mean)
+    assert d[("alg1", "gluon")]["baseline_x"] == pytest.approx(80)
+    assert d[("alg1", "local_gluon")]["reduction"] == pytest.approx(1 - mean / 70)
+    assert d[("alg1", "gluon")]["verdict"] == "adds"
+
+
+def test_a_method_slower_than_the_baseline_costs(tmp_path):
+    for s in range(3):
+        fake(tmp_path, "gluon", s, baseline(40, 0.1))
+        fake(tmp_path, "alg1", s, drop((70, 80, 90)[s], 0.01), density=0.01)
+    d = table(tmp_path)
+    assert d[("alg1", "gluon")]["reduction"] == pytest.approx(1 - 80 / 40)
+    assert d[("alg1", "gluon")]["verdict"] == "costs"
+
+
+@pytest.mark.parametrize("args,expected", [
+    ((0.3, 0.1, 0.5, 10, 10), "adds"), ((-0.3, -0.5, -0.1, 10, 10), "costs"),
+    ((0.1, -0.05, 0.2, 10, 10), "not told apart"), ((0.0, 0.0, 0.0, 10, 10), "not told apart"),
+    ((math.nan, math.nan, math.nan, 7, 10), "not reached (7/10 seeds)"),
+    ((0.5, 0.4, 0.6, 9, 10), "not reached (9/10 seeds)")])
+def test_the_rule_fixed_before_the_runs(args, expected):
+    assert fair.verdict(*args) == expected
+
+
+def test_alg1_at_another_density_is_its_own_group(tmp_path):
+    for s in range(2):
+        fake(tmp_path, "alg1", s, drop(30, 0.01), density=0.01)
+        fake(tmp_path, "alg1", s, drop(40, 0.01), density=0.1)
+        fake(tmp_path, "gluon", s, baseline(90, 0.1))
+    assert list(fair.panel_runs("logreg", "uplink", tmp_path)) == ["gluon", "alg1", "alg1@0.1"]
+
+
+def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monkeypatch):
+    monkeypatch.setattr(fair, "OUT", tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    fair.write_decomposition(list(table(panel).values()), "a5a")
+    text = (tmp_path / "out" / "decomposition.md").read_text()
+    r = table(panel)[("alg1", "gluon")]
+    assert f"{100 * r['reduction']:.0f}% [{100 * r['low']:.0f}, {100 * r['high']:.0f}]" in text
+    assert "the best dense baseline, large-batch Gluon" in text
+    assert "against Local Gluon" in text and "(best dense)" in text
