@@ -386,8 +386,8 @@ class RunLock:
             held[1] += 1
             self._fh = held[0]
             return self
-        made = _missing_parents(self.path.parent)
         while True:
+            made = _missing_parents(self.path.parent)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 fh = open(self.path, "x+")
