@@ -126,8 +126,8 @@ fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 # the uplink panel's Alg. 1 runs (so the commands below that use it run after them).
 .PHONY: fair fair-runs
 FAIR_CAP_LOGREG = $$($(PY) -m paper.fair grads-cap --task logreg)
-FAIR_SELECT_LOGREG = $(PY) -m analysis.select_tuned --sweep results/sweeps/fair/logreg/tune \
-	  --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
+FAIR_SELECT_LOGREG = $(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
+	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
 fair: $(STAMP)  ## what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
 	$(PY) -m paper.fair aggregate
 	$(PY) -m paper.fair plot
@@ -141,7 +141,8 @@ fair-runs: $(STAMP)  ## the fair-baseline runs on a5a: tuning grids, both readin
 	$(LOGREG_SWEEP) experiment=fair_logreg/tune_ef21_muon max_grads=$(FAIR_CAP_LOGREG)
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/tune_compute_large_batch_gluon max_grads=$(FAIR_CAP_LOGREG)
-	$(PY) -m analysis.select_tuned --sweep results/sweeps/fair/logreg/tune_compute --x grads \
+	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
+	  fair_logreg/tune_compute_large_batch_gluon) --x grads \
 	  --out configs/tuned/fair_logreg_compute --table results/fair/tune_compute_scores_logreg.csv
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/ef21_muon steps=200000 max_grads=$(FAIR_CAP_LOGREG)

@@ -47,12 +47,16 @@ class Run:
 
 def load_runs(root: str | Path) -> list[Run]:
     """Every finished run (status ok or diverged) below ``root``. A damaged run (its
-    metrics.jsonl is not the file its summary describes) or a garbled row stops the figure
-    with one line naming the run: the sweep's command recomputes it."""
+    metrics.jsonl is not the file its summary describes, or a summary.json that cannot be read)
+    or a garbled row stops the figure with one line naming the run: the sweep's command
+    recomputes it."""
     runs = []
     for summary in sorted(Path(root).rglob("summary.json")):
         s = run_files.read_summary(summary.parent)
-        if not s or s.get("status") not in run_files.FINISHED:
+        if s is None:
+            raise SystemExit(f"error: {summary.parent} is damaged (its summary.json cannot be "
+                             "read): run its sweep again to recompute it")
+        if s.get("status") not in run_files.FINISHED:
             continue
         damage = run_files.damage(summary.parent, s)
         if damage:

@@ -486,3 +486,17 @@ def test_sigterm_is_written_to_the_run_log(tmp_path, results):
     log = (run / "logreg.log").read_text()
     assert "[signal] SIGTERM at step" in log and "checkpoint written" in log
     assert (run / CHECKPOINT).exists()
+
+
+@pytest.mark.parametrize("text", ["{truncated", "[1, 2]", ""])
+def test_a_figure_refuses_a_run_whose_summary_cannot_be_read(tmp_path, text):
+    """A summary.json that does not parse is a damaged run: a figure stops and names it, where
+    it used to leave the run out without a word."""
+    from analysis.statistics import load_runs
+    run = tmp_path / "sweep" / "alg1" / "seed=0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(text)
+    (run / "metrics.jsonl").write_text('{"step": 0, "comm": 0.0}\n')
+    with pytest.raises(SystemExit, match="summary.json cannot be read") as err:
+        load_runs(tmp_path / "sweep")
+    assert str(run) in str(err.value)
