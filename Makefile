@@ -134,7 +134,7 @@ fair: $(STAMP)  ## what compression buys: figures/fig2_fair.png, results/fair/de
 
 fair-runs: $(STAMP)  ## the fair-baseline runs on a5a: tuning grids, both readings, 10 seeds (skips finished runs; about an hour on 2 cores)
 	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 local_gluon local_gluon_edges \
-	         local_gluon_q0003 alg1 alg2 alg1_b1024 alg2_b1024; do \
+	         local_gluon_q0003 alg1 alg2 alg1_b1024; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1      # Alg. 1's gradient count: the cap
