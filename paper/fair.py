@@ -314,7 +314,7 @@ def plot(out: Path = FIG) -> Path:
             path = OUT / f"{task}_{name}_curves.csv"
             rows = read_csv(path) if path.exists() else []
             if not rows:
-                ax.text(0.5, 0.5, "no runs yet:\nmake fair-runs", ha="center", va="center",
+                ax.text(0.5, 0.5, "no runs yet\n(docs/fair.md, Status)", ha="center", va="center",
                         transform=ax.transAxes)
                 continue
             for label in sorted({r["label"] for r in rows}, key=_order):
@@ -388,7 +388,8 @@ def main(argv=None):
     sub.add_parser("readme")
     args = ap.parse_args(argv)
     if args.cmd == "aggregate":
-        for task in args.task or [t for t in PANELS if (SWEEPS / t).exists()]:
+        for task in args.task or [t for t in PANELS
+                                  if any(sweep_of(t, r).exists() for r in READINGS)]:
             aggregate(task)
         quote_in_docs()
     elif args.cmd == "grads-cap":

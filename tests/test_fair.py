@@ -139,3 +139,25 @@ def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monke
     assert f"{100 * r['reduction']:.0f}% [{100 * r['low']:.0f}, {100 * r['high']:.0f}]" in text
     assert "the best dense baseline, large-batch Gluon" in text
     assert "against Local Gluon" in text and "(best dense)" in text
+
+
+def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
+    """The whole path on hand-made runs: a panel with only its uplink reading is aggregated
+    (the compute reading said to be missing), drawn, and quoted into a page's block."""
+    sweeps = tmp_path / "sweeps"
+    make_panel(sweeps / "logreg" / "uplink", "comm")
+    monkeypatch.setattr(fair, "SWEEPS", sweeps)
+    monkeypatch.setattr(fair, "OUT", tmp_path / "out")
+    fair.aggregate("logreg")
+    rows = {(r["reading"], r["method"], r["baseline"]): r
+            for r in fair.read_csv(tmp_path / "out" / "decomposition.csv")}
+    assert {k[0] for k in rows} == {"uplink"}
+    assert rows[("uplink", "alg1", "local_gluon")]["verdict"] in ("adds", "not told apart")
+    settings = json.loads((tmp_path / "out" / "logreg_settings.json").read_text())
+    assert settings["uplink"]["alg1"]["seeds"] == [0, 1, 2]
+    assert fair.plot(tmp_path / "fig").exists()
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- fair:begin -->\nstale\n<!-- fair:end -->\nafter\n")
+    fair.quote_in_docs([page])
+    text = page.read_text()
+    assert "stale" not in text and fair.readme() in text and text.endswith("after\n")
