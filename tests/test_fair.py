@@ -161,3 +161,17 @@ def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
     fair.quote_in_docs([page])
     text = page.read_text()
     assert "stale" not in text and fair.readme() in text and text.endswith("after\n")
+
+
+def _block(path: Path, name: str) -> str:
+    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", path.read_text(), re.S)
+    assert m, f"{path} has no {name}:begin/{name}:end block"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("doc,name", [("docs/fair.md", "fair"), ("README.md", "fair"),
+                                      ("README.md", "fair-answer")])
+def test_docs_quote_the_committed_decomposition(doc, name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert _block(REPO / doc, name) == fair.quoted()[name]
+    assert fair.quoted()["fair-answer"].strip() in fair.quoted()["fair"]
