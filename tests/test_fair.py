@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.statistics import load_runs, reduction_rows
+from analysis.statistics import reduction_rows
 from paper import fair
 
 REPO = Path(__file__).resolve().parents[1]
