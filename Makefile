@@ -57,21 +57,21 @@ test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m 'slow or not slow'
 
 bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
-	$(PY) -m benchmarks.bench_logreg
+	$(PY) -m scripts.bench.bench_logreg
 
 bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
-	$(PY) -m benchmarks.bench_cnn --out results/bench/cnn.md
-	$(PY) -m benchmarks.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
-	$(PY) -m benchmarks.bench_cnn --paths --methods alg1 --B 64 --path-steps 100 --out results/bench/cnn_paths_b64.md
-	$(PY) -m benchmarks.bench_cnn --paths --methods alg1 --B 64 --path-steps 50 --concurrent 2 \
+	$(PY) -m scripts.bench.bench_cnn --out results/bench/cnn.md
+	$(PY) -m scripts.bench.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
+	$(PY) -m scripts.bench.bench_cnn --paths --methods alg1 --B 64 --path-steps 100 --out results/bench/cnn_paths_b64.md
+	$(PY) -m scripts.bench.bench_cnn --paths --methods alg1 --B 64 --path-steps 50 --concurrent 2 \
 	  --path-widths 16 64 64 --path-widths 32 128 128 --path-widths 64 256 256 --out results/bench/cnn_paths_b64_pair.md
 
 .PHONY: bench-optim
 bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
-	$(PY) -m benchmarks.bench_optim --out results/bench/optim.md
+	$(PY) -m scripts.bench.bench_optim --out results/bench/optim.md
 
 gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
-	$(PY) -m benchmarks.gpu_check
+	$(PY) -m scripts.bench.gpu_check
 
 logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
 	@$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
@@ -80,18 +80,18 @@ logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/ex
 
 tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
 	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) experiment=tune_fig2/$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg tune_fig2/gluon) --out $(TUNED_LOGREG) \
+	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg tune_fig2/gluon) --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
 tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
 	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) experiment=tune_fig2_cnn/$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn tune_fig2_cnn/gluon) --out $(TUNED_CNN) \
+	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn tune_fig2_cnn/gluon) --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
 fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
 	$(LOGREG_SWEEP) experiment=fig2_logreg
-	$(PY) -m paper.fig2 aggregate --task logreg
-	$(PY) -m paper.fig2 plot
+	$(PY) -m scripts.figures.fig2 aggregate --task logreg
+	$(PY) -m scripts.figures.fig2 plot
 
 # The CPU panel is the CNN-gap study's reference condition (re-tuned, B = 64, 5 seeds): its runs
 # are committed, so a clone reads them (recomputing them takes about 3.5 hours on 2 cores);
@@ -101,10 +101,10 @@ fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (paper scale with a GPU; else the CNN-ga
 	$(CNN_SWEEP) experiment=$(FIG2_CNN_EXPERIMENT)
 	if [ "$(FIG2_CNN_EXPERIMENT)" != fig2_cnn_cpu ]; then \
 	  $(CNN_SWEEP) experiment=$(FIG2_CNN_EXPERIMENT) tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
-	    max_grads=$$($(PY) -m paper.cnn_gap grads-cap \
+	    max_grads=$$($(PY) -m scripts.figures.cnn_gap grads-cap \
 	      --sweep $$($(PY) -m experiments.run.sweep dir cnn $(FIG2_CNN_EXPERIMENT))) || exit 1; fi   # EF21-Muon at Alg. 1's compute
-	$(PY) -m paper.fig2 aggregate --task cnn --experiment $(FIG2_CNN_EXPERIMENT)
-	$(PY) -m paper.fig2 plot
+	$(PY) -m scripts.figures.fig2 aggregate --task cnn --experiment $(FIG2_CNN_EXPERIMENT)
+	$(PY) -m scripts.figures.fig2 plot
 
 # Does this machine reproduce Fig. 2's a5a panel? Its runs go into results/runs/verify/ (ignored
 # by git; finished ones are skipped); results/fig2/ is left as committed. Exit 1 if a reduction
@@ -113,10 +113,10 @@ VERIFY_DIR ?= results/runs/verify
 .PHONY: verify
 verify: $(STAMP)  ## regenerate Fig. 2's a5a panel in results/runs/verify/, check its reductions against the committed intervals (about 4 min on 2 cores)
 	$(LOGREG_SWEEP) experiment=fig2_logreg hydra.sweep.dir=$(VERIFY_DIR)/fig2_logreg
-	$(PY) -m analysis.verify --sweep $(VERIFY_DIR)/fig2_logreg --out $(VERIFY_DIR)/fig2
+	$(PY) -m scripts.analysis.verify --sweep $(VERIFY_DIR)/fig2_logreg --out $(VERIFY_DIR)/fig2
 
 fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
-	$(PY) -m paper.fig2 plot
+	$(PY) -m scripts.figures.fig2 plot
 
 fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 
@@ -125,12 +125,12 @@ fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 # compute. The compute budget is Alg. 1's gradient evaluations over the uplink budget, read from
 # the uplink panel's Alg. 1 runs (so the commands below that use it run after them).
 .PHONY: fair fair-runs
-FAIR_CAP_LOGREG = $$($(PY) -m paper.fair grads-cap --task logreg)
-FAIR_SELECT_LOGREG = $(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
+FAIR_CAP_LOGREG = $$($(PY) -m scripts.figures.fair grads-cap --task logreg)
+FAIR_SELECT_LOGREG = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
 	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
 fair: $(STAMP)  ## what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
-	$(PY) -m paper.fair aggregate
-	$(PY) -m paper.fair plot
+	$(PY) -m scripts.figures.fair aggregate
+	$(PY) -m scripts.figures.fair plot
 
 # The equal-compute reading (fair_logreg/tune_compute_*, fair_logreg/compute) is not run here yet:
 # its budget, Alg. 1's gradient count at its tuned B = 1,024, is about 970,000 a worker, which
@@ -149,71 +149,71 @@ fair-runs: $(STAMP)  ## the fair-baseline runs on a5a at equal uplink: tuning gr
 
 .PHONY: fig-cost shaped shaped-cnn
 fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
-	$(PY) -m paper.cost all
+	$(PY) -m scripts.figures.cost all
 
 shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min, measured with the committed bench compute, see docs/cost.md)
-	infra/shaped_network.sh up
-	$(PY) -m benchmarks.shaped measure --rates 100kbit 20mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
+	scripts/cluster/shaped_network.sh up
+	$(PY) -m scripts.bench.shaped measure --rates 100kbit 20mbit; rc=$$?; scripts/cluster/shaped_network.sh down; exit $$rc
 
 shaped-cnn: $(STAMP)  ## (root) the same for the CNN's quick CPU profile (B = 4), to its Gluon's final loss (results/cost/shaped_cnn.csv; 40 min on the idle machine)
-	infra/shaped_network.sh up
-	$(PY) -m benchmarks.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; infra/shaped_network.sh down; exit $$rc
+	scripts/cluster/shaped_network.sh up
+	$(PY) -m scripts.bench.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; scripts/cluster/shaped_network.sh down; exit $$rc
 
 fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 fig4: $(STAMP)  ## Alg. 1: large batch B x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G)
 	$(LOGREG_SWEEP) experiment=fig4   # Alg. 1 with RandK, the dashed lines (Fig. 4's runs; skipped when done)
 	$(LOGREG_SWEEP) experiment=$@
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 fig5: $(STAMP)  ## Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) experiment=tune_fig2/alg1
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) experiment=tune_fig2/vr_marina
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 22 min on 2 cores)
 	$(CNN_SWEEP) experiment=$@
 	$(CNN_SWEEP) experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
-	$(PY) -m paper.ablation aggregate $@
-	$(PY) -m paper.ablation plot $@
+	$(PY) -m scripts.figures.ablation aggregate $@
+	$(PY) -m scripts.figures.ablation plot $@
 
 sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
 cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
 	for m in gluon alg1 alg1_edges alg1_b64 alg2 alg2_beta; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
-	$(PY) -m analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn cnn_gap/tune_gluon) \
+	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn cnn_gap/tune_gluon) \
 	  --out configs/tuned/cnn_gap --metric loss \
 	  --table results/cnn_gap/tune_scores.csv
 	$(CNN_SWEEP) experiment=cnn_gap/panel
 	$(CNN_SWEEP) experiment=cnn_gap/panel tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
-	  max_grads=$$($(PY) -m paper.cnn_gap grads-cap)   # EF21-Muon at Alg. 1's compute
+	  max_grads=$$($(PY) -m scripts.figures.cnn_gap grads-cap)   # EF21-Muon at Alg. 1's compute
 	$(CNN_SWEEP) experiment=cnn_gap/panel_old
 	$(CNN_SWEEP) experiment=cnn_gap/budget tuned=cnn_gap/gluon   # budget, width: on the CPU fast path
 	$(CNN_SWEEP) experiment=cnn_gap/budget_fp32                  # Gluon in fp32 too: the fast path's control at 2,000
 	$(CNN_SWEEP) experiment=cnn_gap/budget tuned=cnn_gap/alg1,cnn_gap/alg2 \
-	  max_comm=$$($(PY) -m paper.cnn_gap budget-rule)   # to where Gluon's loss flattens, <= 2,000
+	  max_comm=$$($(PY) -m scripts.figures.cnn_gap budget-rule)   # to where Gluon's loss flattens, <= 2,000
 	$(CNN_SWEEP) experiment=cnn_gap/width32
-	$(PY) -m paper.cnn_gap finished width64 || $(CNN_SWEEP) experiment=cnn_gap/width64   # or on a GPU (cnn-gap-gpu)
-	$(PY) -m paper.cnn_gap finished width64_lr || for m in gluon alg1 alg2; do \
+	$(PY) -m scripts.figures.cnn_gap finished width64 || $(CNN_SWEEP) experiment=cnn_gap/width64   # or on a GPU (cnn-gap-gpu)
+	$(PY) -m scripts.figures.cnn_gap finished width64_lr || for m in gluon alg1 alg2; do \
 	  $(CNN_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
-	  method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) || exit 1; done
-	$(PY) -m paper.cnn_gap aggregate
-	$(PY) -m paper.cnn_gap plot
+	  method.lr=$$($(PY) -m scripts.figures.cnn_gap lr-check $$m) || exit 1; done
+	$(PY) -m scripts.figures.cnn_gap aggregate
+	$(PY) -m scripts.figures.cnn_gap plot
 
 # The study's width64 condition, its control panel_gpu (the reference on the GPU) and the lr check
 # on one GPU instead, every run of a condition at once. CNN_GAP_GPU picks the parts; MPS=0 shares
@@ -221,9 +221,9 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 CNN_GAP_GPU ?= width64 panel_gpu width64_lr
 cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64, its GPU control and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'error: no CUDA GPU is visible; make cnn-gap runs the whole study on the CPU')"
-	infra/with_mps.sh $(MAKE) --no-print-directory cnn-gap-gpu-runs
-	$(PY) -m paper.cnn_gap aggregate
-	$(PY) -m paper.cnn_gap plot
+	scripts/cluster/with_mps.sh $(MAKE) --no-print-directory cnn-gap-gpu-runs
+	$(PY) -m scripts.figures.cnn_gap aggregate
+	$(PY) -m scripts.figures.cnn_gap plot
 
 GPU_SWEEP = $(PY) -m experiments.cnn -m launcher=local device=cuda
 cnn-gap-gpu-runs: $(STAMP)
@@ -232,21 +232,21 @@ cnn-gap-gpu-runs: $(STAMP)
 ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
 	pids=; for m in gluon alg1 alg2; do \
 	  GLUON_JOBS=2 $(GPU_SWEEP) experiment=cnn_gap/width64_lr tuned=cnn_gap/$$m \
-	    method.lr=$$($(PY) -m paper.cnn_gap lr-check $$m) & pids="$$pids $$!"; \
+	    method.lr=$$($(PY) -m scripts.figures.cnn_gap lr-check $$m) & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
 endif
 
 .PHONY: summarize
 summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/cnn_gap/panel
 	@test -n "$(SWEEP)" || { echo "usage: make summarize SWEEP=results/sweeps/<name> [ARGS='--metric loss --sort comm --per-run']" >&2; exit 2; }
-	$(PY) -m analysis.summarize $(SWEEP) $(ARGS)
+	$(PY) -m scripts.analysis.summarize $(SWEEP) $(ARGS)
 
 wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
 .PHONY: test-slurm
 test-slurm: $(STAMP)  ## SLURM for real (root): one-node cluster here, installed if missing; sweep, requeue, re-run, srun
-	infra/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
+	scripts/cluster/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
 
 clean:  ## remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun

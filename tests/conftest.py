@@ -8,7 +8,7 @@ import pytest
 
 from experiments.run.config import compose as compose_config  # noqa: F401 (the helper)
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 CONFIGS = REPO / "configs"
 
 

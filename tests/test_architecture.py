@@ -11,8 +11,8 @@ import pytest
 
 from experiments import tasks
 
-REPO = Path(__file__).resolve().parents[1]
-PROJECT = ("experiments", "hydra_plugins", "analysis", "paper", "benchmarks")   # all but gluon/
+from experiments.shared.files import REPO
+PROJECT = ("experiments", "hydra_plugins", "scripts")   # all but gluon/
 # the run, then the project modules it loaded (package __init__ files that hold nothing excluded)
 TRACE = r"""
 import json, runpy, sys
@@ -135,3 +135,116 @@ def test_the_makefile_takes_sweep_folders_from_the_experiment_configs(capsys):
     main(["dir", "cnn", "cnn_gap/tune_alg2"])
     cfg = compose("cnn", "experiment=cnn_gap/tune_alg2", hydra=True)
     assert capsys.readouterr().out.strip() == str(cfg.hydra.sweep.dir) == "results/sweeps/cnn_gap/tune"
+
+
+# ---------------------------------------------------------------- the house and its layering
+# gluon <- experiments <- scripts (docs/architecture.md, "Layers"). Imports are read from the
+# source (every import statement, those inside functions included), so a lazy import that breaks
+# a rule fails here as a top-level one does.
+
+TOP_LEVEL = {".ci", ".gitignore", "Makefile", "README.md", "pyproject.toml", "configs", "docs",
+             "examples", "experiments", "figures", "gluon", "hydra_plugins", "results", "scripts",
+             "tests"}
+SHARED_MAY_IMPORT = {"numpy", "scipy", "yaml"}        # beyond the standard library and itself
+
+
+def imports_of(path: Path) -> list[str]:
+    """Every module ``path`` imports, relative imports resolved to absolute names."""
+    import ast
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            names.append(module)
+            names += [f"{module}.{a.name}" for a in node.names]   # `from pkg import module`
+    return names
+
+
+def python_files(*folders: str) -> list[Path]:
+    return [p for f in folders for p in sorted((REPO / f).rglob("*.py"))]
+
+
+def breaks(files, rule) -> list[str]:
+    return [f"{p.relative_to(REPO)} imports {name}" for p in files for name in imports_of(p)
+            if rule(p, name)]
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_top_level_is_the_design_cards():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert {p.split("/")[0] for p in tracked} == TOP_LEVEL
+
+
+def test_only_the_library_the_experiments_and_the_hydra_plugin_are_installed():
+    import tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == \
+        ["gluon*", "experiments*", "hydra_plugins*"]
+
+
+def test_nothing_imports_from_scripts():
+    """Scripts are run by hand; the library, the experiments, the hydra plugin and the examples
+    never import them, and scripts share code through experiments/shared, never each other."""
+    below = breaks(python_files("gluon", "experiments", "hydra_plugins", "examples"),
+                   lambda p, n: top(n) == "scripts")
+    assert not below, below
+    across = breaks(python_files("scripts"), lambda p, n: top(n) == "scripts")
+    assert not across, across
+
+
+def test_the_library_imports_only_itself_torch_and_numpy():
+    import sys as _sys
+    allowed = set(_sys.stdlib_module_names) | {"gluon", "torch", "numpy"}
+    bad = breaks(python_files("gluon"), lambda p, n: top(n) not in allowed)
+    assert not bad, bad
+
+
+def test_the_shared_layer_imports_neither_hydra_nor_torch_nor_the_run_wing():
+    import sys as _sys
+    allowed = set(_sys.stdlib_module_names) | SHARED_MAY_IMPORT | {"experiments"}
+    bad = breaks(python_files("experiments/shared"),
+                 lambda p, n: top(n) not in allowed or
+                 (top(n) == "experiments" and not n.startswith("experiments.shared")))
+    assert not bad, bad
+
+
+def test_the_shared_layer_and_every_figure_load_without_hydra_or_torch():
+    """What the figures import, transitively: no hydra, no omegaconf composition, no torch."""
+    modules = sorted({f"experiments.shared.{p.stem}" for p in python_files("experiments/shared")} |
+                     {f"scripts.figures.{p.stem}" for p in python_files("scripts/figures")})
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'hydra', 'torch', 'omegaconf', 'gluon'})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+EXPERIMENTS = sorted(str(p.relative_to(REPO / "configs" / "experiment").with_suffix(""))
+                     for p in (REPO / "configs" / "experiment").rglob("*.yaml")
+                     if not p.name.startswith("_"))
+
+
+def test_a_sweeps_folder_read_without_hydra_is_the_one_hydra_composes():
+    """experiments.shared.configs.sweep_dir (plain YAML) equals hydra.sweep.dir as composed, for
+    every experiment config of both entry points."""
+    from experiments.run.config import compose
+    from experiments.shared.configs import sweep_dir
+    for name in EXPERIMENTS:
+        primary = "cnn" if "cnn" in name or name == "fig8" else "logreg"
+        cfg = compose(primary, f"experiment={name}", hydra=True)
+        assert str(sweep_dir(primary, name)) == str(cfg.hydra.sweep.dir), name

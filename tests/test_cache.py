@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from experiments.tasks import cifar10 as cifar
-from experiments.run.runs import atomic_write, atomic_write_text
+from experiments.shared.files import atomic_write, atomic_write_text
 from experiments.tasks.logreg import cached_f_star
 
 N_PROC = 4

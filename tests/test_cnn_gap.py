@@ -1,4 +1,4 @@
-"""The CNN-gap study's aggregation (paper/cnn_gap.py) on synthetic run folders with known answers."""
+"""The CNN-gap study's aggregation (scripts/figures/cnn_gap.py) on synthetic run folders with known answers."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from paper import cnn_gap
+from scripts.figures import cnn_gap
 
 
 def write_run(root, cond, method, seed, comm, loss, *, grads=None, budget=500.0, lr=0.01,
@@ -399,7 +399,7 @@ def test_the_gpu_control_differs_from_width64_in_the_widths_alone():
     """panel_gpu is the reference width64 is read against on a GPU: for every method and seed
     their runs' identities differ in task.widths and nothing else (the group is operational)."""
     from experiments.run.config import compose
-    from experiments.run.runs import group_key
+    from experiments.shared.runs import group_key
     from omegaconf import OmegaConf
     for method in cnn_gap.METHODS:
         key = {}
@@ -485,7 +485,7 @@ def test_the_change_interval_covers_the_true_change_in_95_percent_of_simulated_s
     """Two independent conditions (5 and 3 seeds) with known mean uplinks: the Welch interval
     built from the two paired t-intervals covers the true difference of reductions about 95% of
     the time (the delta method and Welch's df are approximations: 92-98% is asked)."""
-    from analysis.statistics import reduction_se, t_interval_reduction, welch_difference
+    from experiments.shared.statistics import reduction_se, t_interval_reduction, welch_difference
     rng = np.random.default_rng(0)
     truth = (1 - 110 / 460) - (1 - 120 / 455)
     covered, trials = 0, 2000

@@ -1,4 +1,4 @@
-"""The network cost model (paper/cost.py, docs/cost.md): formulas, crossovers, the pipeline."""
+"""The network cost model (scripts/figures/cost.py, docs/cost.md): formulas, crossovers, the pipeline."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paper import cost
+from experiments.shared import cost_model
+from scripts.figures import cost
 from tests.conftest import REPO
 
 
@@ -19,12 +20,12 @@ def cols(**kw):
     return {k: np.array([float(v)]) for k, v in base.items()}
 
 
-COMPUTE = cost.Compute(grad_s=1e-3, step_s={"alg1": 5e-4})
+COMPUTE = cost_model.Compute(grad_s=1e-3, step_s={"alg1": 5e-4})
 
 
 def test_star_time_is_compute_latency_and_both_links():
-    net = cost.Network(8000.0, down_bps=16000.0, latency_s=0.01, frame_bytes=5, header_share=0.1)
-    t = cost.modelled_time(cols(), "alg1", net, COMPUTE)[0]
+    net = cost_model.Network(8000.0, down_bps=16000.0, latency_s=0.01, frame_bytes=5, header_share=0.1)
+    t = cost_model.modelled_time(cols(), "alg1", net, COMPUTE)[0]
     compute = 20 * 1e-3 + 10 * 5e-4
     latency = 2 * 0.01 * 10                                  # up and down, every round
     up = 8 * (1.1 * 1000 + 5 * 10) / 8000
@@ -33,19 +34,19 @@ def test_star_time_is_compute_latency_and_both_links():
 
 
 def test_ring_time_takes_the_slower_direction_and_every_hop():
-    net = cost.Network(8000.0, down_bps=4000.0, latency_s=0.01, topology="ring")
-    t = cost.modelled_time(cols(), "alg1", net, COMPUTE)[0]
+    net = cost_model.Network(8000.0, down_bps=4000.0, latency_s=0.01, topology="ring")
+    t = cost_model.modelled_time(cols(), "alg1", net, COMPUTE)[0]
     assert t == pytest.approx(0.025 + 0.01 * 30 + max(8 * 2000 / 8000, 8 * 2000 / 4000))
     # the rows' own measured compute instead of make bench's
-    t2 = cost.modelled_time({**cols(), "compute_s": np.array([0.5])}, "alg1", net, None)[0]
+    t2 = cost_model.modelled_time({**cols(), "compute_s": np.array([0.5])}, "alg1", net, None)[0]
     assert t2 == pytest.approx(t - 0.025 + 0.5)
 
 
 def test_a_bad_network_is_refused():
     with pytest.raises(ValueError, match="topology"):
-        cost.Network(1.0, topology="mesh")
+        cost_model.Network(1.0, topology="mesh")
     with pytest.raises(ValueError, match="bandwidth"):
-        cost.Network(0.0)
+        cost_model.Network(0.0)
 
 
 @pytest.mark.parametrize("am,cm,ag,cg,side", [
@@ -104,7 +105,7 @@ def panel(tmp_path):
 
 def test_crossover_rows_match_the_closed_form(panel):
     assert cost.gluon_level(panel) == pytest.approx(0.09)
-    net = cost.Network(1.0, latency_s=1e-3, frame_bytes=10, topology="star")
+    net = cost_model.Network(1.0, latency_s=1e-3, frame_bytes=10, topology="star")
     (row,) = cost.crossover_rows(panel, 0.1, net, COMPUTE, "t")
     comp = lambda m, s, per: s * per["grads"] * 1e-3 + s * COMPUTE.step_s.get(m, 0)
     A = lambda m, s, per: comp(m, s, per) + 2e-3 * s * per["rounds"]
@@ -122,7 +123,7 @@ def test_crossover_rows_match_the_closed_form(panel):
 
 def test_a_method_that_misses_the_level_has_no_crossover(panel, tmp_path):
     panel.runs["alg1"][0].rows = [dict(r, gap=1.0) for r in panel.runs["alg1"][0].rows]
-    (row,) = cost.crossover_rows(panel, 0.1, cost.Network(1.0), COMPUTE, "t")
+    (row,) = cost.crossover_rows(panel, 0.1, cost_model.Network(1.0), COMPUTE, "t")
     assert row["side"] == "not reached" and row["seeds_reached"] == 2
     assert math.isnan(row["crossover_bps"])
 
@@ -135,13 +136,13 @@ def test_runs_without_the_cost_columns_are_named_not_used(tmp_path):
 
 
 def test_compute_comes_from_the_committed_benchmarks():
-    a5a = cost.bench_compute("a5a", REPO / "results" / "bench")
+    a5a = cost_model.bench_compute("a5a", REPO / "results" / "bench")
     text = (REPO / "results" / "bench" / "logreg.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| gluon |")).split("|")
     seconds, share = float(row[3]), float(row[4].strip().rstrip("%")) / 100
     assert a5a.grad_s == pytest.approx(seconds * share / (10_000 * 4))
     assert 1e-6 < a5a.grad_s < 1e-3 and set(a5a.step_s) >= {"gluon", "alg1", "alg2", "ef21_muon"}
-    cnn = cost.bench_compute("cnn", REPO / "results" / "bench")
+    cnn = cost_model.bench_compute("cnn", REPO / "results" / "bench")
     assert 1e-4 < cnn.grad_s < 1e-1 and set(cnn.step_s) >= {"gluon", "alg1", "alg2", "ef21_muon"}
     assert all(v > 0 for v in cnn.step_s.values())
 
@@ -186,7 +187,7 @@ def test_the_cnn_panel_is_costed_from_a_real_sweep(cnn_sweep, tmp_path, monkeypa
         assert last["grads"] > last["step"]               # Delta costs 2, a sync B
     level = cost.gluon_level(panel)
     assert math.isfinite(level)
-    rows = cost.crossover_rows(panel, level, cost.Network(1.0), cost.bench_compute("cnn"), "t")
+    rows = cost.crossover_rows(panel, level, cost_model.Network(1.0), cost_model.bench_compute("cnn"), "t")
     assert [r["method"] for r in rows] == ["alg1"]
     monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: panel)
     (path,) = cost.plot(("cnn",), out=tmp_path)
@@ -196,9 +197,9 @@ def test_the_cnn_panel_is_costed_from_a_real_sweep(cnn_sweep, tmp_path, monkeypa
 
 
 def test_recosting_one_panel_keeps_the_other_panels_rows(cnn_sweep, tmp_path, monkeypatch):
-    """`paper.cost all --task cnn` re-costs the CNN panel; the a5a rows and spending table
+    """`scripts.figures.cost all --task cnn` re-costs the CNN panel; the a5a rows and spending table
     already in results/cost stay byte for byte, and a panel without runs drops nothing."""
-    from analysis.statistics import write_csv
+    from experiments.shared.tables import write_csv
     panel = cost.load_panel("cnn", str(cnn_sweep))
     monkeypatch.setattr(cost, "OUT", tmp_path)
     monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: panel)
@@ -238,9 +239,9 @@ def test_the_readme_shows_the_crossover_and_shaped_tables(task):
     measured CSV, where the model is within 25% of every measured time to the target."""
     import csv
 
-    from benchmarks import shaped
+    from scripts.bench import shaped
     readme = (REPO / "README.md").read_text()
-    assert cost.readme_table(cost.PANEL_NAMES[task], REPO / "results" / "cost" / "crossover.csv") \
+    assert cost.readme_table(cost_model.PANEL_NAMES[task], REPO / "results" / "cost" / "crossover.csv") \
         in readme
     assert shaped.readme_table(task) in readme
     with open(REPO / shaped.TASKS[task].out) as fh:

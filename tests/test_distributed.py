@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from experiments.run.record import CHECKPOINT
 from experiments.run.lifecycle import execute
-from experiments.run.runs import read_rows, read_summary
+from experiments.shared.runs import read_rows, read_summary
 from gluon.distributed import free_port, open_world
 from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor

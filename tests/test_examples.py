@@ -6,11 +6,10 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 
 
 def free_port() -> int:

@@ -7,14 +7,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from experiments.run.runs import read_rows
+from experiments.shared.runs import read_rows
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 
 # The registry entry (gluon/methods.py's METHODS), made where a user's code would make it: a
 # method that is Gluon under another name (Alg. 1 with q = B = 1 and the identity compressor).
@@ -69,15 +68,15 @@ def test_a_registered_method_runs_through_the_cli_a_sweep_the_table_and_a_figure
         assert strip(read_rows(toy)) == strip(read_rows(ref))
         assert json.loads((toy / "summary.json").read_text())["status"] == "ok"
 
-    table = run(["analysis.summarize", str(sweep)], env)
+    table = run(["scripts.analysis.summarize", str(sweep)], env)
     assert "toy_gluon" in table.stdout
     csv = pd.read_csv(sweep / "summary.csv")
     assert set(csv["method"]) == {"gluon", "toy_gluon"} and (csv["n"] == 2).all()
 
     work = root / "figure"                     # Fig. 2's aggregation writes under results/fig2
     work.mkdir()
-    run(["paper.fig2", "aggregate", "--task", "logreg", "--sweep", str(sweep)], env, cwd=work)
+    run(["scripts.figures.fig2", "aggregate", "--task", "logreg", "--sweep", str(sweep)], env, cwd=work)
     curves = pd.read_csv(work / "results" / "fig2" / "logreg_curves.csv")
     assert set(curves["label"]) == {"gluon", "toy_gluon"}
-    run(["paper.fig2", "plot"], env, cwd=work)
+    run(["scripts.figures.fig2", "plot"], env, cwd=work)
     assert (work / "figures" / "fig2.png").stat().st_size > 0

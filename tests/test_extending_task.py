@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from experiments.run.runs import read_rows
+from experiments.shared.runs import read_rows
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 
 # The task's module, as a user would write it in a package of their own: least squares on
 # random data (f* known in closed form), registered in experiments.tasks.TASKS as itself.
@@ -23,7 +22,6 @@ TASK_MODULE = '''
 """Least squares on random data, split over the workers."""
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -175,15 +173,15 @@ def test_a_registered_task_runs_through_the_cli_a_sweep_the_table_and_a_figure(t
     assert {d.parent.parent.name for d in sweep.glob("*/*/summary.json")} == {"gluon", "alg1"}
     assert len(list(sweep.glob("*/*/summary.json"))) == 4
 
-    table = run(["analysis.summarize", str(sweep)], env)
+    table = run(["scripts.analysis.summarize", str(sweep)], env)
     assert "alg1" in table.stdout and "gluon" in table.stdout
     csv = pd.read_csv(sweep / "summary.csv")
     assert set(csv["method"]) == {"gluon", "alg1"} and (csv["n"] == 2).all()
 
     work = tmp_path / "figure"                   # Fig. 2's aggregation writes under results/fig2
     work.mkdir()
-    run(["paper.fig2", "aggregate", "--task", "logreg", "--sweep", str(sweep)], env, cwd=work)
+    run(["scripts.figures.fig2", "aggregate", "--task", "logreg", "--sweep", str(sweep)], env, cwd=work)
     curves = pd.read_csv(work / "results" / "fig2" / "logreg_curves.csv")
     assert set(curves["label"]) == {"gluon", "alg1"}
-    run(["paper.fig2", "plot"], env, cwd=work)
+    run(["scripts.figures.fig2", "plot"], env, cwd=work)
     assert (work / "figures" / "fig2.png").stat().st_size > 0

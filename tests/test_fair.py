@@ -1,4 +1,4 @@
-"""What compression buys (paper/fair.py, docs/fair.md): the decomposition's arithmetic on
+"""What compression buys (scripts/figures/fair.py, docs/fair.md): the decomposition's arithmetic on
 hand-made runs with known answers, the rule fixed before the runs, both readings (uplink and
 compute), and the committed tables quoted word for word where the docs show them."""
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from analysis.statistics import reduction_rows
-from paper import fair
+from experiments.shared.statistics import reduction_rows
+from experiments.shared import fair_panels
+from scripts.figures import fair
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 STEPS = list(range(0, 101, 5))      # the rows: 0, 5, ..., 100 (the budget)
 
 
@@ -146,7 +147,7 @@ def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
     (the compute reading said to be missing), drawn, and quoted into a page's block."""
     sweeps = tmp_path / "sweeps"
     make_panel(sweeps / "logreg" / "uplink", "comm")
-    monkeypatch.setattr(fair, "SWEEPS", sweeps)
+    monkeypatch.setattr(fair_panels, "SWEEPS", sweeps)     # where sweep_of looks
     monkeypatch.setattr(fair, "OUT", tmp_path / "out")
     fair.aggregate("logreg")
     rows = {(r["reading"], r["method"], r["baseline"]): r

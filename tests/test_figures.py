@@ -6,17 +6,16 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from analysis import statistics as analysis
-from analysis.statistics import log_area, reduction_rows, value_at
-from analysis import select_tuned
-from paper import fig2
+from experiments.shared import statistics, tables
+from experiments.shared.statistics import log_area, reduction_rows, value_at
+from scripts.analysis import select_tuned
+from scripts.figures import fig2
 from tests.conftest import compose_config
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 CONFIGS = REPO / "configs"
 
 
@@ -68,7 +67,7 @@ def test_reduction_rows_arithmetic(tmp_path):
     fake_run(tmp_path, "new", 0, comm, [1, 0.1, 0.05, 0.01, 0.01])
     fake_run(tmp_path, "new", 1, comm, [1, 0.2, 0.09, 0.01, 0.01])
     groups = {}
-    for r in analysis.load_runs(tmp_path):
+    for r in statistics.load_runs(tmp_path):
         groups.setdefault(r.config["method"]["name"], []).append(r)
     rows = reduction_rows(groups, "gap", eps_list=[0.11, 1e-3], baselines=["gluon"], budget=40,
                           width=1e-9, task="a5a")   # a window narrower than a row: raw = smoothed
@@ -93,10 +92,10 @@ def test_reduction_rows_arithmetic(tmp_path):
 def test_value_at_is_a_step_function_and_diverged_is_inf(tmp_path):
     fake_run(tmp_path, "a", 0, [0, 10, 20], [1.0, 0.5, 0.25], max_comm=20)
     fake_run(tmp_path, "b", 0, [0, 10], [1.0, 0.5], status="diverged", max_comm=20)
-    ok, bad = sorted(analysis.load_runs(tmp_path), key=lambda r: r.status)[::-1]
-    v = value_at(ok, "gap", analysis.np.array([0, 5, 10, 19.9, 20, 25]))
+    ok, bad = sorted(statistics.load_runs(tmp_path), key=lambda r: r.status)[::-1]
+    v = value_at(ok, "gap", statistics.np.array([0, 5, 10, 19.9, 20, 25]))
     assert v[:5].tolist() == [1.0, 1.0, 0.5, 0.5, 0.25] and math.isnan(v[5])
-    assert math.isinf(value_at(bad, "gap", analysis.np.array([15.0]))[0])
+    assert math.isinf(value_at(bad, "gap", statistics.np.array([15.0]))[0])
     assert math.isinf(log_area([bad], "gap", 20))
     assert math.isfinite(log_area([ok], "gap", 20))
     assert math.isinf(log_area([ok], "gap", 25))       # stopped short of the budget
@@ -129,7 +128,7 @@ def test_a_run_stopped_by_its_compute_cap_is_scored_over_the_uplink_it_reached(t
         summary = json.loads((d / "summary.json").read_text())
         summary["config"].update(steps=10_000, max_grads=max_grads)
         (d / "summary.json").write_text(json.dumps(summary))
-        return analysis.load_runs(tmp_path / name)
+        return statistics.load_runs(tmp_path / name)
 
     capped, short = run("capped", 300, 300), run("short", 200, 300)
     assert select_tuned.scored_range(capped, 40) == 10
@@ -148,7 +147,7 @@ def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
     fig2.aggregate("logreg", str(sweep))
     table = (tmp_path / "results" / "reduction.md").read_text()
     assert "| a5a | eps = 0.03 | alg1 | raw | 30 | 2/2 | gluon (40) | 25% [25%, 25%] |" in table
-    rows = analysis.read_csv(tmp_path / "results" / "reduction.csv")
+    rows = tables.read_csv(tmp_path / "results" / "reduction.csv")
     assert {r["metric"] for r in rows} == {"raw_first_hit", "smoothed_first_hit"}
     assert {r["level"] for r in rows} == {"eps", "baseline_final"}
     # aggregating the other panel keeps this one's rows
@@ -157,9 +156,9 @@ def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
         fake_run(cnn, "g", s, comm, [2.5, 2.2, 1.9, 1.5, 1.3], method="gluon")
     monkeypatch.setitem(fig2.TASKS["cnn"], "metric", "gap")
     fig2.aggregate("cnn", str(cnn))
-    tasks = [r["task"] for r in analysis.read_csv(tmp_path / "results" / "reduction.csv")]
+    tasks = [r["task"] for r in tables.read_csv(tmp_path / "results" / "reduction.csv")]
     assert tasks.count("a5a") == len(rows) and "cnn" in tasks
-    curves = analysis.read_csv(tmp_path / "results" / "logreg_curves.csv")
+    curves = tables.read_csv(tmp_path / "results" / "logreg_curves.csv")
     assert {r["label"] for r in curves} == {"gluon", "alg1"}
     fig2.plot(tmp_path / "figs")
     assert (tmp_path / "figs" / "fig2.png").stat().st_size > 10_000
@@ -169,7 +168,7 @@ def test_fig2_aggregate_and_plot(tmp_path, monkeypatch):
 def test_an_ablation_figure_refuses_to_aggregate_without_one_of_its_sweeps(tmp_path, monkeypatch):
     """Fig. 6 draws Alg. 2 (its sweep) against Alg. 1 (Fig. 4's sweep): without Fig. 4's runs
     it must stop and say so, not write a figure without the dashed lines."""
-    from paper import ablation
+    from scripts.figures import ablation
     monkeypatch.chdir(tmp_path)
     comm = [0, 10, 20, 30, 40]
     for s in range(2):
@@ -182,7 +181,7 @@ def test_an_ablation_figure_refuses_to_aggregate_without_one_of_its_sweeps(tmp_p
         fake_run(tmp_path / "results/sweeps/fig4/alg1", "b", s, comm, [1, .4, .2, .1, .05],
                  compressor={"name": "randk", "density": 0.01}, B=4)
     ablation.aggregate("fig6")
-    labels = {r["label"] for r in analysis.read_csv(tmp_path / "results/fig6/curves.csv")}
+    labels = {r["label"] for r in tables.read_csv(tmp_path / "results/fig6/curves.csv")}
     assert labels == {"alg2, B=4", "alg1, B=4"}
 
 
@@ -193,7 +192,7 @@ def test_tiny_multirun_sweep_end_to_end(tmp_path):
            f"results_dir={tmp_path}"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    runs = analysis.load_runs(tmp_path)
+    runs = statistics.load_runs(tmp_path)
     assert sorted(r.config["method"]["name"] for r in runs) == ["alg1", "gluon"]
     assert all(r.rows[-1]["step"] == 60 for r in runs)
     p2 = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the GPU check's whole logic on CPU (``--device cpu --tiny``), its
+"""scripts/bench/gpu_check.py: the GPU check's whole logic on CPU (``--device cpu --tiny``), its
 failure path, and its behaviour on a machine without a GPU (nothing checked, exit 0)."""
 from __future__ import annotations
 
@@ -7,19 +7,18 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from scripts.bench import gpu_check
 
-REPO = Path(gpu_check.__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 
 
 def run_script(*args, timeout=180):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "scripts.bench.gpu_check", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -102,7 +101,7 @@ def test_without_cuda_nothing_is_checked_and_exit_is_0(tmp_path, monkeypatch, ca
 def test_without_cuda_as_a_process(tmp_path):
     out = tmp_path / "check.json"
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.gpu_check", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "no GPU found" in proc.stdout
     assert not out.exists()

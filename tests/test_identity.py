@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from experiments import tasks as paths
-from experiments.run import runs
+from experiments.shared import runs
 from experiments.run.config import resolved
 from experiments.tasks import cnn
 from tests.conftest import REPO, compose_config

@@ -32,8 +32,8 @@ from experiments import tasks as paths
 from experiments.run.record import CHECKPOINT
 from experiments.run.config import ConfigError, validate
 from experiments.run.lifecycle import execute
-from experiments.run.runs import read_summary
-from experiments.run.runs import is_finished
+from experiments.shared.runs import read_summary
+from experiments.shared.runs import is_finished
 from experiments.run.sweep import run_status, sweep_runs
 from experiments.tasks import cifar10 as cifar
 from experiments.tasks import logreg
@@ -205,7 +205,7 @@ def test_damaged_runs_are_shown_and_recomputed(tmp_path, results):
     (dirs[2] / "metrics.jsonl").write_text("".join(garbled))            # garbled
     assert list(sweep_runs(tmp_path / "sweep").values()) == ["damaged"] * 3
     assert not any(is_finished(d) for d in dirs)
-    table = subprocess.run([sys.executable, "-m", "analysis.summarize",
+    table = subprocess.run([sys.executable, "-m", "scripts.analysis.summarize",
                             str(tmp_path / "sweep"), "--per-run"], cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
@@ -428,7 +428,7 @@ def test_garbled_metrics_row(tmp_path, results, caplog):
     lines = (ref / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[3] = "{garbled\n"
     (ref / "metrics.jsonl").write_text("".join(lines))
-    from analysis.statistics import load_runs
+    from experiments.shared.statistics import load_runs
     with pytest.raises(SystemExit) as err:
         load_runs(tmp_path)
     msg = str(err.value)
@@ -492,7 +492,7 @@ def test_sigterm_is_written_to_the_run_log(tmp_path, results):
 def test_a_figure_refuses_a_run_whose_summary_cannot_be_read(tmp_path, text):
     """A summary.json that does not parse is a damaged run: a figure stops and names it, where
     it used to leave the run out without a word."""
-    from analysis.statistics import load_runs
+    from experiments.shared.statistics import load_runs
     run = tmp_path / "sweep" / "alg1" / "seed=0"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(text)

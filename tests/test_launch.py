@@ -17,11 +17,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.run.record import CHECKPOINT
-from experiments.run.runs import read_rows, read_summary
+from experiments.shared.runs import read_rows, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
 from tests.conftest import compose_config, metrics_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
        "HYDRA_FULL_ERROR": "1"}
 
@@ -255,14 +255,14 @@ def with_mps(tmp_path, case, cmd, **popen):
                 "START_RC": "1" if case == "start_fails" else "0"})
     if case == "own_folder_running":
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(tmp_path / "mine")
-    return subprocess.Popen([str(REPO / "infra/with_mps.sh"), "bash", "-c", cmd], env=env,
+    return subprocess.Popen([str(REPO / "scripts/cluster/with_mps.sh"), "bash", "-c", cmd], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 @pytest.mark.parametrize("case", ["starts_and_stops", "system_daemon", "own_folder_running",
                                   "off", "start_fails"])
 def test_with_mps_starts_a_daemon_only_if_none_answers_and_stops_only_its_own(tmp_path, case):
-    """infra/with_mps.sh (make cnn-gap-gpu): the command runs in every case and its exit status
+    """scripts/cluster/with_mps.sh (make cnn-gap-gpu): the command runs in every case and its exit status
     is the script's; a daemon that answers (the system's, or at the folder the caller names) is
     used and left running; else one is started at the script's own folder and stopped after;
     MPS=0 leaves MPS alone."""

@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +15,11 @@ from scipy.optimize import minimize
 from experiments.tasks import DataNotFoundError, libsvm_file
 from experiments.logreg import run
 from experiments.tasks.logreg import (LogRegOracle, load_libsvm, objective, solve_f_star, split)
-from experiments.run.runs import read_rows
-from experiments.run.runs import EnvironmentProblem
+from experiments.shared.runs import read_rows
+from experiments.shared.errors import EnvironmentProblem
 from tests.conftest import compose_config, untimed
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 CONFIGS = str(REPO / "configs")
 
 

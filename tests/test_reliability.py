@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.run.runs import read_rows, read_summary, status as run_status
+from experiments.shared.runs import read_rows, read_summary, status as run_status
 from tests.conftest import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
@@ -315,7 +315,7 @@ def test_a_set_data_folder_is_never_a_fall_back(tmp_path):
 def test_a_long_folder_name_drops_whole_settings_never_cuts_a_value():
     """A name over MAX_NAME characters drops whole ``key=value`` parts (the seed is kept, a
     ``...`` says parts were dropped); before, ``seed=123456789012`` was shown as ``seed=12345``."""
-    from experiments.run import runs
+    from experiments.shared import runs
     config = {"method": {"name": "alg1", **{f"setting_{i}": 0.123456789 + i for i in range(12)}},
               "compressor": {"name": "randk", "density": 0.01}, "seed": 123456789012,
               "task": {"name": "logreg"}, "steps": 10}
@@ -347,7 +347,7 @@ def _committed_summaries() -> list[Path]:
 def test_every_committed_run_keeps_its_folder_name():
     """The run folders committed under results/sweeps are where their sweeps look for them:
     their names are what folder_name gives their recorded config and data today."""
-    from experiments.run import runs
+    from experiments.shared import runs
     found = _committed_summaries()
     assert found
     for path in found:
@@ -356,7 +356,7 @@ def test_every_committed_run_keeps_its_folder_name():
 
 
 def test_ctrl_c_while_waiting_for_another_runs_folder_is_one_line_and_130(tmp_path, results):
-    from experiments.run.runs import RunLock
+    from experiments.shared.lock import RunLock
     run_dir = tmp_path / "run"
     with RunLock(run_dir):                             # another process writes the folder
         proc = subprocess.Popen(
@@ -392,7 +392,7 @@ def test_migrate_exits_non_zero_when_a_summary_is_unreadable(tmp_path, results):
         assert "1 damaged" in p.stderr and "Traceback" not in p.stderr
         assert tree(sweep) == before                # nothing written, nothing renamed
     assert run_status(bad) == "damaged" and run_status(good) == "ok"
-    table = subprocess.run([sys.executable, "-m", "analysis.summarize", str(sweep), "--per-run",
+    table = subprocess.run([sys.executable, "-m", "scripts.analysis.summarize", str(sweep), "--per-run",
                             "--out", str(tmp_path / "t.csv")], cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert table.returncode == 0 and "summary.json is unreadable" in table.stdout + table.stderr
@@ -468,7 +468,7 @@ def _committed_sweeps() -> list[Path]:
 def test_summarize_reads_every_committed_sweep(sweep, tmp_path):
     """The CNN-gap study's sweeps are committed without hydra's .hydra folders; summarize found
     no run in them ("not a sweep"), although migrate --check reads them."""
-    p = subprocess.run([sys.executable, "-m", "analysis.summarize", str(sweep),
+    p = subprocess.run([sys.executable, "-m", "scripts.analysis.summarize", str(sweep),
                         "--out", str(tmp_path / "table.csv")], cwd=REPO, env=ENV,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -528,7 +528,7 @@ def _fake_panel(sweep: Path, shift: float = 0.0) -> None:
 
 
 def _verify(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis.verify", *args], cwd=REPO, env=ENV,
+    return subprocess.run([sys.executable, "-m", "scripts.analysis.verify", *args], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -27,12 +27,12 @@ from experiments.run.record import CHECKPOINT, SignalGuard
 from experiments.run.config import validate
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
-from experiments.run.runs import read_summary
+from experiments.shared.runs import read_summary
 from experiments.run.lifecycle import execute
-from experiments.run.runs import EnvironmentProblem
+from experiments.shared.errors import EnvironmentProblem
 from tests.conftest import compose_config, metrics_bytes, stopping_train, untimed
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
        "HYDRA_FULL_ERROR": "1"}
 COMMON = ["steps=600", "log_every=10", "checkpoint_every=100", "keep_checkpoint=true"]

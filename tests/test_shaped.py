@@ -1,4 +1,4 @@
-"""infra/shaped_network.sh: a real shaped network (namespaces, veth, a bridge, HTB), and a real
+"""scripts/cluster/shaped_network.sh: a real shaped network (namespaces, veth, a bridge, HTB), and a real
 2-process run on it against the cost model (docs/cost.md). Needs root, ip and tc; skipped
 otherwise. The names and the /24 differ from the script's defaults, so a network brought up by
 hand is left alone."""
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "infra" / "shaped_network.sh"
+SCRIPT = REPO / "scripts" / "cluster" / "shaped_network.sh"
 ENV = dict(os.environ, SHAPED_NAME="gflt", SHAPED_NET="10.207.34", SHAPED_WORKERS="2",
            PYTHON=sys.executable)
 
@@ -49,7 +49,7 @@ def network():
 
 
 def test_throughput_is_the_configured_rate(network, monkeypatch):
-    from benchmarks import shaped
+    from scripts.bench import shaped
     status = net("status").stdout
     assert status.count("rate 10Mbit") == 2                  # both uplinks shaped
     monkeypatch.setenv("SHAPED_NAME", "gflt")
@@ -74,20 +74,20 @@ def test_a_failed_up_leaves_nothing():
 def test_a_short_run_takes_the_modelled_time(network, monkeypatch):
     """Gluon on a5a, 2 gloo processes, 60 steps at 500 kbit/s: the time per step the model
     gives from the run's own cost columns, make bench's compute time and the network parameters
-    of results/cost/network.json (measured by ``python -m benchmarks.shaped measure``) within 25%
+    of results/cost/network.json (measured by ``python -m scripts.bench.shaped measure``) within 25%
     of the measured one, and the bytes on the wire within 20% of the modelled ones."""
-    from paper import cost
-    from benchmarks import shaped
-    parameters = cost.NETWORK if cost.NETWORK.is_absolute() else REPO / cost.NETWORK
+    from experiments.shared import cost_model
+    from scripts.bench import shaped
+    parameters = cost_model.NETWORK if cost_model.NETWORK.is_absolute() else REPO / cost_model.NETWORK
     if not parameters.exists():
-        pytest.skip("results/cost/network.json: run python -m benchmarks.shaped measure first")
+        pytest.skip("results/cost/network.json: run python -m scripts.bench.shaped measure first")
     monkeypatch.setenv("SHAPED_NAME", "gflt")
     monkeypatch.setenv("SHAPED_NET", "10.207.34")
     shaped.prepare("logreg")
     net("rate", "500kbit")
     res = shaped.run("gluon", 0, 60, 20, 1e-12)
-    pred = cost.predict_run(res, 5e5, cost.measured_network(parameters),
-                            cost.bench_compute("a5a", REPO / cost.BENCH))
+    pred = cost_model.predict_run(res, 5e5, cost_model.measured_network(parameters),
+                            cost_model.bench_compute("a5a", REPO / cost_model.BENCH))
     ratio = pred["model_ms_per_step"] / pred["measured_ms_per_step"]
     assert 0.75 <= ratio <= 1.25, json.dumps(pred)
     wire = pred["model_wire_bytes_per_step"] / pred["measured_wire_bytes_per_step"]

@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis import statistics as analysis
-from analysis.statistics import (bootstrap_reduction, final_level, hit, reduction_rows, smooth,
-                              t_interval_reduction)
+from experiments.shared import statistics
+from experiments.shared.statistics import bootstrap_reduction, final_level, hit, reduction_rows, smooth, t_interval_reduction
 
 
 def test_smoothing_a_constant_curve_gives_the_constant():
@@ -132,7 +131,7 @@ def test_final_level_and_reduction_at_it_on_exponential_curves(tmp_path):
         _fake(tmp_path, "m", s, c, np.exp(-c / 100), "alg1", 1000)
         _fake(tmp_path, "capped", s, c[:301], np.exp(-c[:301] / 50), "ef21_muon", 1000, steps=300)
     groups = {}
-    for r in analysis.load_runs(tmp_path):
+    for r in statistics.load_runs(tmp_path):
         groups.setdefault(r.config["method"]["name"], []).append(r)
     level = final_level(groups["gluon"], "gap", 1000, 50.0)
     assert math.log(level) == pytest.approx(-(949.5 - 24.5) / 200, abs=1e-3)
@@ -167,7 +166,7 @@ def test_censoring_ordering_and_pairing_at_the_baselines_final_levels(tmp_path):
         _fake(tmp_path, "v", s, c, 0.5 * a * np.exp(-c / 200), "vr_marina", 1000)
         _fake(tmp_path, "m", s, c, a * np.exp(-c / 100), "alg1", 1000)
     groups = {}
-    for r in analysis.load_runs(tmp_path):
+    for r in statistics.load_runs(tmp_path):
         groups.setdefault(r.config["method"]["name"], []).append(r)
     rows = reduction_rows(groups, "gap", eps_list=[], baselines=["gluon", "vr_marina"],
                           budget=1000, width=50.0, task="t")
@@ -198,7 +197,7 @@ def test_methods_with_different_seeds_are_refused(tmp_path):
     _fake(tmp_path, "g", 1, c, np.exp(-c), "gluon", 10)
     _fake(tmp_path, "m", 0, c, np.exp(-c), "alg1", 10)
     groups = {}
-    for r in analysis.load_runs(tmp_path):
+    for r in statistics.load_runs(tmp_path):
         groups.setdefault(r.config["method"]["name"], []).append(r)
     with pytest.raises(ValueError, match="same seeds"):
         reduction_rows(groups, "gap", eps_list=[0.1], baselines=["gluon"], budget=10, width=2.0,

@@ -1,4 +1,4 @@
-"""The sweep table (analysis.summarize): grouping over seeds, the numbers, sorting, runs
+"""The sweep table (scripts.analysis.summarize): grouping over seeds, the numbers, sorting, runs
 that failed or never finished, the CSV; on run folders written here as the runner writes them,
 and on a tiny real sweep run through the entry point."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import summarize as S
+from scripts.analysis import summarize as S
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
 
 
@@ -221,7 +221,7 @@ def test_a_real_sweep_through_the_entry_points(tmp_path):
         finals.setdefault(cfg["method"]["lr"], []).append(gaps[-1])
         bests.setdefault(cfg["method"]["lr"], []).append(min(gaps))
     # the same grouping as the paper's figures use
-    from analysis.statistics import group_runs, load_runs
+    from experiments.shared.statistics import group_runs, load_runs
     table, _ = S.summarize(sweep)
     assert sorted(table["n"]) == sorted(len(g) for g in group_runs(load_runs(sweep)).values())
     # one run killed before its end: no summary, listed as missing, left out of the means
@@ -230,7 +230,7 @@ def test_a_real_sweep_through_the_entry_points(tmp_path):
     killed = folder[0.02, 1]
     (killed / "summary.json").unlink()
 
-    p = subprocess.run([sys.executable, "-m", "analysis.summarize", str(sweep)],
+    p = subprocess.run([sys.executable, "-m", "scripts.analysis.summarize", str(sweep)],
                        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0].startswith(f"{sweep}: 4 runs in 2 configs (3 ok, 1 missing)")

@@ -1,7 +1,7 @@
 """W&B, offline (no network): what a run writes, and how a resumed run continues it.
 
 The offline run directory (<run_dir>/wandb/offline-run-*/run-<id>.wandb) is read back with
-analysis.wandb_offline, W&B's own transaction-log format.
+scripts.analysis.wandb_offline, W&B's own transaction-log format.
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.run import lifecycle as runner
-from experiments.run.runs import read_rows, read_summary
+from experiments.shared.runs import read_rows, read_summary
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
 from experiments.run.lifecycle import execute
-from analysis.wandb_offline import read_offline_run
-from analysis.wandb_dashboard import DASHBOARDS, recipe
+from scripts.analysis.wandb_offline import read_offline_run
+from scripts.analysis.wandb_dashboard import DASHBOARDS, recipe
 from tests.conftest import compose_config
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.shared.files import REPO
 # wandb-workspaces still declares pydantic-v1-style validators (its own business, not ours)
 pytestmark = pytest.mark.filterwarnings("ignore:Pydantic V1 style:DeprecationWarning")
 
@@ -135,7 +135,7 @@ def test_new_start_gets_a_new_wandb_id(tmp_path):
 
 
 def test_dashboard_recipes_offline(capsys):
-    from analysis.wandb_dashboard import main
+    from scripts.analysis.wandb_dashboard import main
     main(["--print", "fig3", "fig7"])
     out = json.loads(capsys.readouterr().out)
     assert out["fig3"]["groupby"] == ["config.method.q", "config.compressor.density"]
@@ -273,7 +273,7 @@ def test_dashboard_builds_with_the_promised_panels_grouping_and_runs(figure, mon
     workspaces = offline_workspaces(monkeypatch)
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
-    from analysis.wandb_dashboard import build
+    from scripts.analysis.wandb_dashboard import build
     w = build(figure, "ME", "gluon-fl")
     assert isinstance(w, ws.Workspace) and (w.entity, w.project) == ("ME", "gluon-fl")
     assert all(isinstance(p, wr.LinePlot) for s in w.sections for p in s.panels)
@@ -283,7 +283,7 @@ def test_dashboard_builds_with_the_promised_panels_grouping_and_runs(figure, mon
 
 def test_dashboards_are_saved_by_the_command(monkeypatch, capsys):
     workspaces = offline_workspaces(monkeypatch)
-    from analysis.wandb_dashboard import main
+    from scripts.analysis.wandb_dashboard import main
     main(["--entity", "ME", "--project", "P"])                # every figure
     out = capsys.readouterr().out.splitlines()
     assert len(workspaces) == len(DASHBOARDS) == len(out)
@@ -297,7 +297,7 @@ def test_dashboards_are_saved_by_the_command(monkeypatch, capsys):
 
 def test_dashboards_without_wandb_workspaces_say_what_to_install(monkeypatch):
     import sys
-    from analysis.wandb_dashboard import build
+    from scripts.analysis.wandb_dashboard import build
     for name in [m for m in sys.modules if m.startswith("wandb_workspaces.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "wandb_workspaces", None)   # its import fails

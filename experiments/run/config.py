@@ -7,7 +7,7 @@
 * **Checks.** :func:`validate` runs every check that can fail (the schema, the method and its
   compressor, the task's own checks, the process world) before any data is loaded;
   a failure is a :class:`ConfigError` naming the key, the value and what is allowed.
-* **Folders.** A run's folder is named by its identity (:mod:`experiments.run.runs`: the
+* **Folders.** A run's folder is named by its identity (:mod:`experiments.shared.runs`: the
   resolved config less the operational keys, and the data), through the ``gluon_run_folder``
   resolver of ``configs/hydra/default.yaml``: any spelling of a config lands in one folder.
 """
@@ -27,7 +27,8 @@ from gluon import make_compressor, resolve_method
 from gluon.distributed import KINDS, env_from_slurm
 
 from ..tasks import HETEROGENEITY, resolved, settings
-from .runs import OPERATIONAL, ConfigError, folder_name  # noqa: F401 (for callers)
+from experiments.shared.runs import OPERATIONAL, folder_name  # noqa: F401 (for callers)
+from experiments.shared.errors import ConfigError  # noqa: F401 (for callers)
 
 
 # ---------------------------------------------------------------- the schema
@@ -179,23 +180,17 @@ def compose(primary: str = "logreg", *overrides: str, hydra: bool = False,
     own; the project's groups stay on the search path, ``hydra_plugins.gluon_sweeper``)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from .runs import REPO
+    from experiments.shared.files import REPO
     folder = Path(config_dir) if config_dir is not None else REPO / "configs"
     with initialize_config_dir(config_dir=str(folder.resolve()), version_base="1.3",
                                job_name=primary):
         return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
 
 
-def sweep_dir(primary: str, experiment: str) -> Path:
-    """The folder ``python -m experiments.<primary> -m experiment=<experiment>`` writes its runs
-    into (``hydra.sweep.dir``, from the experiment's ``group``): where a figure finds them."""
-    return Path(str(compose(primary, f"experiment={experiment}", hydra=True).hydra.sweep.dir))
-
-
 # ---------------------------------------------------------------- run folder names
 
 def run_folder(*, _root_) -> str:
-    """The ``gluon_run_folder`` resolver: the folder name (:func:`experiments.run.runs.
+    """The ``gluon_run_folder`` resolver: the folder name (:func:`experiments.shared.runs.
     folder_name`) of the run the whole config (``_root_``) describes, its data included."""
     from ..tasks import task_module
     cfg = resolved(_root_)

@@ -38,7 +38,7 @@ signals) and when SIGTERM/SIGINT/SIGUSR1/SIGUSR2 arrives, the state is written t
 same config resumes from it bit-identically: same parameters, same metric rows, no row missing
 or repeated. Statuses in summary.json: "ok" and "diverged" are finished (a re-run skips them)
 as long as metrics.jsonl is the file the summary describes, else the run is "damaged"
-(:mod:`experiments.run.runs`) and is done again (resumed from a checkpoint whose rows are
+(:mod:`experiments.shared.runs`) and is done again (resumed from a checkpoint whose rows are
 intact, else recomputed), after a line that says so; "failed" (an exception) is re-run from
 scratch, its checkpoint deleted; a preempted run has no summary, only its checkpoint, and
 resumes. A finished run's checkpoint is deleted, unless ``keep_checkpoint`` is set: it then
@@ -48,14 +48,14 @@ the final state of its shorter twin there, the same run on a smaller budget (:fu
 a budget only decides when a run stops, so the twin's rows are this run's first rows.
 
 The environment (a full disk, a folder made read-only, data that went missing) stops a run with
-an :class:`~experiments.run.runs.EnvironmentProblem`, never a "failed" summary: the checkpoint
+an :class:`~experiments.shared.runs.EnvironmentProblem`, never a "failed" summary: the checkpoint
 is kept, and the message says which file could not be written and what to do. A single run then
 prints it in one or two lines and exits with status 2, removing its run folder if this
 invocation created it and nothing in it can be resumed; in a sweep the run is logged and left
 unfinished, so the sweep report lists it.
 
 Concurrency: a run folder is written by one process at a time
-(:class:`~experiments.run.runs.RunLock`). The command line locks a single run's folder before
+(:class:`~experiments.shared.lock.RunLock`). The command line locks a single run's folder before
 it checks the folder for another run and before hydra writes into it, and holds the lock until
 the run ends; a second process given the same folder waits, then skips the finished run (the
 same config) or is refused (another config) without touching the first run's files. Whether
@@ -87,13 +87,16 @@ from omegaconf import DictConfig, OmegaConf
 from gluon import train
 from gluon.distributed import World, close_world, open_world
 
-from . import runs
+from experiments.shared import runs
 from .config import ConfigError, build_compressor, check_env, resolved, validate
 from .record import (CHECKPOINT, CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard, WandbError,
                      checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
                      set_rng_state)
-from .runs import LOCK, REPO, EnvironmentProblem, RunLock, is_locked, read_summary  # noqa: F401
-from .runs import identity as comparable
+from experiments.shared.lock import RunLock
+from experiments.shared.runs import LOCK, is_locked, read_summary  # noqa: F401
+from experiments.shared.files import REPO, atomic_write  # noqa: F401
+from experiments.shared.errors import EnvironmentProblem  # noqa: F401
+from experiments.shared.runs import identity as comparable
 from ..tasks import Built
 
 log = logging.getLogger("experiments.run")
@@ -683,7 +686,7 @@ def _extension(folder: Path, run_dir: Path, config: dict, data: str | None, cfg)
             continue
         with open(twin / runs.METRICS, "rb") as fh:
             rows = b"".join(line for line, _ in zip(fh, range(int(saved["rows"]))))
-        runs.atomic_write(run_dir / runs.METRICS, lambda fh: fh.write(rows))
+        atomic_write(run_dir / runs.METRICS, lambda fh: fh.write(rows))
         log.info("[extend] %s: from %s at step %d (%d rows copied)", runs.shown(run_dir),
                  runs.shown(twin), saved["method"]["k"], saved["rows"])
         return {**saved, "config": comparable(config), "job": None, "wandb_id": None,

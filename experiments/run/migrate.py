@@ -7,7 +7,7 @@ Every run folder below the given folders (a folder with a summary.json) whose ru
 or diverged) is brought to what a run writes today:
 
 * **Metrics record.** A summary without a ``metrics`` record is checked against its
-  metrics.jsonl (:func:`experiments.run.runs.verify_legacy`: every line is a row, and the last
+  metrics.jsonl (:func:`experiments.shared.runs.verify_legacy`: every line is a row, and the last
   row is the summary's final row, with its step and uplink). When they agree, the row count and
   SHA-256 of metrics.jsonl are recorded, and from then on any change to metrics.jsonl makes the
   run "damaged". A folder that does not agree is reported as damaged and left untouched: re-run
@@ -25,7 +25,7 @@ or diverged) is brought to what a run writes today:
   theirs, so migrate where the runs were made, or with the same data files (their SHA-256 is
   checked against SHA256SUMS where there is one).
 * **Folder name.** A run folder the project named (it sits in a folder named after its method,
-  as every run and sweep folder does) is renamed to :func:`experiments.run.runs.folder_name`, so
+  as every run and sweep folder does) is renamed to :func:`experiments.shared.runs.folder_name`, so
   that the sweep that made it finds it again. A folder already holding the same run is left
   alone and reported as a duplicate (the same config, run twice under two spellings).
 
@@ -42,8 +42,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import runs
-from .runs import atomic_write_text
+from experiments.shared import runs
+from experiments.shared.files import atomic_write_text
 
 
 # A task's earlier name -> its name today (configs/task/<name>.yaml, experiments.tasks.TASKS).
@@ -79,7 +79,7 @@ def added_keys(config: dict) -> list[str]:
     schema = SCHEMAS.get((config.get("task") or {}).get("name"))
     if schema is None:
         return []
-    from .runs import REPO
+    from experiments.shared.files import REPO
     defaults = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True,
                                       throw_on_missing=False)
     task = REPO / "configs" / "task" / f"{config['task']['name']}.yaml"   # the task's defaults

@@ -8,7 +8,7 @@ when the config differs or ``overwrite`` is set; rows are never appended to an o
 when a preempted run resumes from its checkpoint (``start(resume_rows=N)`` keeps exactly the N
 rows written before the checkpoint).
 
-"The same config" is the same identity (:mod:`experiments.run.runs`: the config less the
+"The same config" is the same identity (:mod:`experiments.shared.runs`: the config less the
 operational keys, and the data): switching W&B on, changing the checkpoint interval or the data
 directory does not re-run finished work. The summary records the identity's hash (``id``) and
 the data's identity (``data_id``).
@@ -16,7 +16,7 @@ the data's identity (``data_id``).
 summary.json records the row count and SHA-256 of metrics.jsonl as it was when the run ended
 (``"metrics": {"rows", "sha256"}``), and a checkpoint the hash of the rows written before it
 (:meth:`RunLog.rows_sha256`): a run whose files no longer agree is "damaged"
-(:mod:`experiments.run.runs`) and is done again, never skipped.
+(:mod:`experiments.shared.runs`) and is done again, never skipped.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ import torch
 
 from gluon.engine import gradients_per_worker
 
-from . import runs
-from .runs import CHECKPOINT, FINISHED, REPO, atomic_write, atomic_write_text  # noqa: F401
+from experiments.shared import runs
+from experiments.shared.runs import CHECKPOINT, FINISHED  # noqa: F401
+from experiments.shared.files import REPO, atomic_write, atomic_write_text  # noqa: F401
 
 
 def git_commit() -> dict:
@@ -300,7 +301,7 @@ def _duration(s: float) -> str:
 # A checkpoint is ``<run_dir>/checkpoint.pt``: the method's state (parameters, X^{k-1}, g, M, the
 # coin, every worker's data RNG and error memory, the uplink ledger), an optional task state
 # (e.g. BatchNorm buffers), the global RNG states, the number of metric rows written and the
-# W&B run id. It is written at a step boundary only, atomically (:mod:`experiments.run.runs`:
+# W&B run id. It is written at a step boundary only, atomically (:mod:`experiments.shared.runs`:
 # a private temporary file, fsync, then ``os.replace``), so a run killed at any moment - SIGKILL
 # included - leaves either the previous checkpoint or the new one, never half of one; a write that
 # fails (a full disk) removes its temporary file and leaves the previous checkpoint as it was.
@@ -359,7 +360,7 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
 
 def checkpoint_leftovers(path: str | Path) -> list[Path]:
     """Temporary files of the checkpoint ``path`` left by a process killed while writing it:
-    ``.<name>.<pid>.<random>.tmp`` (:mod:`experiments.run.runs`) and ``<name>.tmp<pid>``
+    ``.<name>.<pid>.<random>.tmp`` (:mod:`experiments.shared.runs`) and ``<name>.tmp<pid>``
     (written by earlier versions)."""
     path = Path(path)
     return sorted({*path.parent.glob(f".{path.name}.*.tmp"), *path.parent.glob(f"{path.name}.tmp*")})

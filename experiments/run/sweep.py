@@ -4,7 +4,7 @@ Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.
 run_hydra_job`). Once every job has returned, the sweeper (:mod:`hydra_plugins.gluon_sweeper`,
 any launcher) calls :func:`report`: it lists each run this sweep launched that is not finished -
 failed, damaged, interrupted (a checkpoint but no summary) or missing: the statuses of
-:mod:`experiments.run.runs` - and exits with status 1 so that the command (and ``make``) fails.
+:mod:`experiments.shared.runs` - and exits with status 1 so that the command (and ``make``) fails.
 Re-running the same command re-runs only those (finished runs are skipped).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .runs import FINISHED, SUMMARY
-from .runs import status as run_status
+from experiments.shared.runs import FINISHED, SUMMARY
+from experiments.shared.runs import status as run_status
 
 
 def sweep_runs(sweep_dir: Path) -> dict[Path, str]:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) >= 2 and args[0] == "sbatch":
         print(sbatch_script(args[1], args[2:]))
     elif len(args) == 3 and args[0] == "dir":
-        from .config import sweep_dir
+        from experiments.shared.configs import sweep_dir
         print(sweep_dir(args[1], args[2]))
     else:
         raise SystemExit(USAGE)

@@ -3,7 +3,7 @@ offers the run lifecycle (:mod:`experiments.run.lifecycle`) two functions:
 
 * ``check(cfg)``: the task's own checks of a config, before any data is loaded;
 * ``check_data(cfg)``: the data is on disk, intact and readable (before hydra makes a folder);
-* ``data_identity(cfg)``: the data's identity, part of a run's (:mod:`experiments.run.runs`);
+* ``data_identity(cfg)``: the data's identity, part of a run's (:mod:`experiments.shared.runs`);
 * ``build(cfg, compressor, world) -> Built``: the method over the workers this process hosts.
 
 :data:`TASKS` registers them by ``task.name``, the name every config, record and figure uses.
@@ -28,7 +28,8 @@ from torch import Tensor
 
 from gluon.methods import Method
 
-from ..run.runs import REPO, EnvironmentProblem, atomic_write, atomic_write_text
+from experiments.shared.files import REPO, atomic_write, atomic_write_text
+from experiments.shared.errors import EnvironmentProblem
 
 
 class Built(NamedTuple):

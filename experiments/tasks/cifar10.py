@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import tasks
-from ..run.runs import atomic_write
+from experiments.shared.files import atomic_write
 from . import DataCorruptError, DataNotFoundError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -264,7 +264,7 @@ def _from_splits(splits: dict, source: str, origin: str, sources: dict | None = 
 
 def _save(c: Cifar, path: Path) -> None:
     """Write the cache atomically: parallel runs on a fresh clone (``make fig2-cnn``, SLURM
-    arrays) all build it at once; each writes a private temporary file (experiments.run.runs)."""
+    arrays) all build it at once; each writes a private temporary file (experiments.shared.runs)."""
     payload = {"train_x": c.train_x, "train_y": c.train_y, "test_x": c.test_x,
                "test_y": c.test_y, "classes": c.classes, "source": c.source,
                "origin": c.origin, "version": CACHE_VERSION, "sources": c.sources,
@@ -333,7 +333,7 @@ def data_identity(data_dir, cache_dir, source: str = "auto") -> str | None:
 def check_data(cfg) -> None:
     """Before hydra makes a folder: the CIFAR-10 source a run of ``cfg`` would use is on disk
     and matches its SHA256SUMS, or may still be downloaded (``task.download``)."""
-    from ..run.runs import REPO
+    from experiments.shared.files import REPO
     order = _order(cfg.task.source)
     for s in order:
         where = _on_disk(s, cfg.data_dir)

@@ -38,7 +38,7 @@ from gluon.worker import ModuleOracle
 from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
 from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
 from .cifar10 import data_identity as _source_identity
-from ..run.runs import REPO
+from experiments.shared.files import REPO
 from . import Built, check_heterogeneity, resolved, settings, split
 
 

@@ -30,7 +30,8 @@ from torch import Tensor
 from gluon import simulate
 from gluon.worker import Oracle
 
-from ..run.runs import REPO, ConfigError, atomic_write_text
+from experiments.shared.files import REPO, atomic_write_text
+from experiments.shared.errors import ConfigError
 from . import (LIBSVM_URL, Built, DataCorruptError, check_heterogeneity, libsvm_file,
                locate_libsvm, resolved, settings, sha256, split, verify)
 
@@ -221,7 +222,7 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
     cached as JSON beside the results.
 
     The jobs of a sweep or SLURM array may all compute it at once on a fresh checkout: the file
-    is written atomically (a private temporary file, then a rename; experiments.run.runs), so a
+    is written atomically (a private temporary file, then a rename; experiments.shared.runs), so a
     reader never sees half of it. A cache that cannot be parsed (left truncated by an older
     version) is a miss: f* is recomputed and the file rewritten.
     """
@@ -258,7 +259,7 @@ def _cache_dir(cfg) -> Path:
 
 def data_identity(cfg) -> str | None:
     """The identity of the data a run of ``cfg`` reads, part of the run's identity
-    (:func:`experiments.run.runs.run_id`): the SHA-256 of the LIBSVM file (hashed once per file
+    (:func:`experiments.shared.runs.run_id`): the SHA-256 of the LIBSVM file (hashed once per file
     version), or None while it is not on disk."""
     hit, _ = locate_libsvm(cfg.task.dataset, cfg.data_dir)
     return None if hit is None else sha256(hit, _cache_dir(cfg))

@@ -15,7 +15,8 @@ from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from experiments.shared.configs import CONFIGS
+
 
 
 class ProjectConfigs(SearchPathPlugin):
@@ -41,7 +42,7 @@ class SkipFinishedSweeper(BasicSweeper):
     (:func:`experiments.run.config.validate` with the entry point's task, and the task's data:
     ``check_data``): one bad job stops the sweep with one line and exit status 2. Then each
     job's run folder is looked at: a finished run with the same config whose files agree
-    (``experiments.run.runs.is_finished``: the same identity, data included) is reported ``[skip]`` here and never handed to
+    (``experiments.shared.runs.is_finished``: the same identity, data included) is reported ``[skip]`` here and never handed to
     the launcher, so re-running a finished sweep on SLURM submits nothing; a damaged one is
     launched again. ``overwrite=true`` launches every job."""
 
@@ -62,10 +63,10 @@ class SkipFinishedSweeper(BasicSweeper):
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
         from experiments.run.lifecycle import (composition_message, fail, launcher_starts_workers,
-                                         refuse_other_run)
+                                               refuse_other_run)
         from experiments.run.config import ConfigError, resolved, validate
-        from experiments.run.runs import is_finished, read_summary
-        from experiments.run.runs import EnvironmentProblem
+        from experiments.shared.runs import is_finished, read_summary
+        from experiments.shared.errors import EnvironmentProblem
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
         check_world = not launcher_starts_workers(self.config)
         check_data = getattr(self.task, "check_data", None)

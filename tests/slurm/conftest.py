@@ -1,6 +1,6 @@
 """Tests against a real SLURM cluster: marker `slurm`, deselected unless asked for.
 
-`make test-slurm` brings up a one-node cluster on this machine (infra/slurm_cluster.sh),
+`make test-slurm` brings up a one-node cluster on this machine (scripts/cluster/slurm_cluster.sh),
 runs ``pytest -m slurm tests/slurm`` and brings it down. Any other pytest run (``make test``,
 ``make test-slow``) deselects these tests and says so in its summary; they run when the marker
 expression names `slurm` (``-m slurm``) or when tests/slurm is given on the command line.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from experiments.shared.files import REPO
 HERE = Path(__file__).resolve().parent
 _deselected: list = []
 
@@ -57,7 +57,7 @@ def pytest_terminal_summary(terminalreporter):
 def _conf() -> str | None:
     if os.environ.get("SLURM_CONF"):
         return os.environ["SLURM_CONF"]
-    local = REPO / ".slurm" / "slurm.conf"           # infra/slurm_cluster.sh up
+    local = REPO / ".slurm" / "slurm.conf"           # scripts/cluster/slurm_cluster.sh up
     return str(local) if local.exists() else None
 
 
@@ -82,6 +82,6 @@ def cluster() -> dict:
             why = f"no usable node (sinfo: {sorted(states)})"
     if why:
         pytest.fail(f"SLURM cluster not available: {why}. `make test-slurm` brings up a "
-                    "one-node cluster (infra/slurm_cluster.sh up, as root) and runs these "
+                    "one-node cluster (scripts/cluster/slurm_cluster.sh up, as root) and runs these "
                     "tests.", pytrace=False)
     return env

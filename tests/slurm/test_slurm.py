@@ -5,10 +5,10 @@
 2. a running job requeued mid-run (``scontrol requeue``: SIGTERM, then SIGKILL, then the job
    starts again) resumes from its checkpoint and ends bit-identical to an uninterrupted run;
 3. re-running the finished sweep recomputes nothing (results untouched, every job skips);
-4. the multi-process torch.distributed run goes through ``srun`` (infra/slurm_dist.sbatch,
+4. the multi-process torch.distributed run goes through ``srun`` (scripts/cluster/slurm_dist.sbatch,
    ``comm=torchdist``) and matches the one-process simulation.
 
-`make test-slurm` brings up a one-node cluster here (infra/slurm_cluster.sh) and runs these;
+`make test-slurm` brings up a one-node cluster here (scripts/cluster/slurm_cluster.sh) and runs these;
 without a cluster they fail (tests/slurm/conftest.py). A few minutes on 2 cores.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.conftest import metrics_bytes, untimed
 
 pytestmark = pytest.mark.slurm
 
-REPO = Path(__file__).resolve().parents[2]
+from experiments.shared.files import REPO
 PY = sys.executable
 SEEDS = (0, 1, 2)
 SWEEP_STEPS = 300
@@ -339,7 +339,7 @@ DIST_OVERRIDES = ["method=alg1", "compressor=randk", "compressor.density=0.01", 
 
 
 def test_torch_distributed_job_through_srun(env, results, tmp_path):
-    """infra/slurm_dist.sbatch on 2 tasks: SLURM starts the 2 ranks itself (srun, one task per
+    """scripts/cluster/slurm_dist.sbatch on 2 tasks: SLURM starts the 2 ranks itself (srun, one task per
     worker, no torchrun) running `python -m experiments.logreg comm=torchdist`; the run equals
     the 2-worker simulation of the same config (with 2 workers even the dense all_reduce rounds
     are exact: every metric row is identical)."""
@@ -347,7 +347,7 @@ def test_torch_distributed_job_through_srun(env, results, tmp_path):
     common = [*DIST_OVERRIDES, f"results_dir={results}"]
     sub = run(["sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
                "--cpus-per-task=1", "--time=10", f"--output={tmp_path / 'dist-%j.out'}",
-               "infra/slurm_dist.sbatch", *common, f"hydra.run.dir={dist}"],
+               "scripts/cluster/slurm_dist.sbatch", *common, f"hydra.run.dir={dist}"],
               {**env, "PY": PY}, 60)
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]

@@ -1,0 +1,85 @@
+"""What the fair-baseline panels are (docs/fair.md): the two readings (equal uplink, equal
+compute), each task's panel, the dense baselines, how a run is labelled (Alg. 1 at another
+RandK density gets its own label) and where each reading's runs live."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from .statistics import group_runs, load_runs
+
+SWEEPS = Path("results/sweeps/fair")
+
+
+class Reading(NamedTuple):
+    """One way to read a panel: the x axis of every curve and the key of its budget."""
+    x: str              # the logged column: "comm" (uplink) or "grads" (gradient evaluations)
+    budget_key: str     # the config key every run of the reading's sweep stops at
+    axis: str           # the axis label
+
+
+READINGS = {"uplink": Reading("comm", "max_comm", "uplink per worker (dense gradients)"),
+            "compute": Reading("grads", "max_grads",
+                               "gradient evaluations per worker (minibatches)")}
+
+
+class Panel(NamedTuple):
+    task: str           # the entry point's task
+    name: str           # the panel's name in the tables (as Figure 2's: a5a, cnn)
+    metric: str         # the tracked metric
+    title: str
+
+
+PANELS = {"logreg": Panel("logreg", "a5a", "gap", "Logistic regression, a5a"),
+          "cnn": Panel("cnn", "cnn", "loss", "CNN (airbench94 at 16/64/64), CIFAR-10")}
+DENSE = ("gluon", "large_batch_gluon", "local_gluon")    # the baselines that send no compression
+BASELINES = DENSE + ("ef21_muon",)
+METHODS = ("alg1", "alg2")                                  # what the decomposition reads
+PANEL_DENSITY = 0.01     # Figure 2's RandK/TopK density; Alg. 1 at others is labelled by it
+LABELS = {"gluon": "Gluon, B = 1 (the paper's baseline)", "large_batch_gluon": "large-batch Gluon",
+          "local_gluon": "Local Gluon (syncs only)", "ef21_muon": "EF21-Muon, TopK",
+          "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)"}
+ORDER = ["gluon", "large_batch_gluon", "local_gluon", "ef21_muon", "alg1", "alg2"]
+SHORT = {"gluon": "Gluon (B = 1)", "large_batch_gluon": "large-batch Gluon",
+         "local_gluon": "Local Gluon"}
+
+
+def group_label(config: dict) -> str:
+    """A group's name in the tables: the method's, and Alg. 1's RandK density when it is not
+    the panel's (``alg1@0.1``)."""
+    name = config["method"]["name"]
+    density = (config.get("compressor") or {}).get("density")
+    if name == "alg1" and density is not None and density != PANEL_DENSITY:
+        return f"alg1@{density:g}"
+    return name
+
+
+def order(label: str) -> tuple:
+    base, _, density = label.partition("@")
+    return (ORDER.index(base) if base in ORDER else 99, float(density or 0))
+
+
+def sweep_of(task: str, reading: str) -> Path:
+    return SWEEPS / task / reading
+
+
+def panel_runs(task: str, reading: str, root: Path | None = None) -> dict[str, list]:
+    """{label: runs sorted by seed} of one reading's sweep; {} when it has no finished runs.
+    Two settings under one label are refused (a stale run: remove it and rerun)."""
+    root = root or sweep_of(task, reading)
+    groups: dict[str, list] = {}
+    for group in group_runs(load_runs(root)).values():
+        label = group_label(group[0].config)
+        if label in groups:
+            raise SystemExit(f"two different {label} settings under {root}: remove the stale "
+                             "runs and rerun")
+        groups[label] = sorted(group, key=lambda r: r.config["seed"])
+    return dict(sorted(groups.items(), key=lambda kv: order(kv[0])))
+
+
+def budget_of(groups: dict, reading: Reading, root) -> float:
+    budgets = {r.config.get(reading.budget_key) for g in groups.values() for r in g}
+    if len(budgets) != 1 or None in budgets:
+        raise SystemExit(f"the runs under {root} have budgets ({reading.budget_key}) "
+                         f"{sorted(budgets, key=str)}: a reading needs one")
+    return float(budgets.pop())

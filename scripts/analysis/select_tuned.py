@@ -1,0 +1,140 @@
+"""Pick each method's best setting from a tuning sweep and write it as a hydra config.
+
+    python -m scripts.analysis.select_tuned --sweep results/sweeps/tune_fig2 --out configs/tuned/fig2_logreg
+
+Criterion (stated in every file written): the mean over seeds of the average of log10(metric)
+over the communication range [0, budget], i.e. the area under the log curve against uplink
+cost. It rewards fast early progress and a low final level alike; a diverged run, or one
+that stops before the budget (other than by the iteration cap, see :func:`scored_range`),
+scores +inf. One config per method name is written to ``--out``
+(``tuned=<out's last folder>/<method>`` on the command line selects it), plus a CSV with the
+score of every candidate.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from experiments.shared.statistics import group_runs, load_runs, log_area
+from experiments.shared.tables import write_csv
+from experiments.shared.files import atomic_write_text
+
+CRITERION = ("mean over seeds of the mean of log10({metric}) on a uniform grid of {axis} "
+             "in [0, {budget:g}] (area under the log curve)")
+AXES = {"comm": ("uplink cost", "max_comm"),                   # --x: what the area is taken over,
+        "grads": ("gradient evaluations per worker", "max_grads")}   # and the budget's key
+
+
+def _capped(run) -> bool:
+    """Whether a run stopped at its iteration cap (``steps``) or its compute cap (``max_grads``)."""
+    last = run.rows[-1]
+    return (last["step"] >= (run.config.get("steps") or math.inf)
+            or last.get("grads", 0) >= (run.config.get("max_grads") or math.inf))
+
+
+def scored_range(group, budget: float, x: str = "comm") -> float:
+    """The uplink range a group is scored over: the budget, or, when every run finished by
+    reaching its iteration or compute cap before the budget (EF21-Muon's tiny messages), the
+    uplink the shortest run reached (the same for every candidate of such a method: its cost
+    per step is fixed)."""
+    capped = all(r.status == "ok" and _capped(r) and r.rows[-1][x] < budget for r in group)
+    return min(budget, min(r.rows[-1][x] for r in group)) if capped else budget
+
+
+def select(runs, metric: str, budget: float, x: str = "comm"):
+    """{method name: (score, config, runs)} of the best group per method, and all scores.
+
+    Only a method's candidates with the most seeds compete (a candidate whose second tuning
+    seed has not run yet is listed with its score but cannot be chosen)."""
+    best, table = {}, []
+    groups = list(group_runs(runs).values())
+    most = {}
+    for group in groups:
+        name = group[0].config["method"]["name"]
+        most[name] = max(most.get(name, 0), len(group))
+    for group in groups:
+        cfg = group[0].config
+        name = cfg["method"]["name"]
+        end = scored_range(group, budget, x)
+        score = log_area(group, metric, end, x)
+        # 12 significant digits: the last bits of a mean differ between CPUs (SIMD summation order)
+        table.append({"method": name, "score": float(f"{score:.12g}"), "range": end,
+                      "seeds": len(group),
+                      "compressor": cfg["compressor"]["name"],
+                      **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
+                      **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})
+        if len(group) == most[name] and (name not in best or score < best[name][0]):
+            best[name] = (score, cfg, group)
+    table.sort(key=lambda r: (r["method"], r["score"]))
+    return best, table
+
+
+def grid_edges(table: list[dict], name: str, chosen: dict) -> list[str]:
+    """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
+    or the highest value tried (when the grid has more than one value there): a grid to extend,
+    unless the edge is a hard limit (beta < 1, q <= 1)."""
+    rows = [r for r in table if r["method"] == name]
+    out = []
+    for key, value in chosen.items():
+        values = sorted({r[key] for r in rows if isinstance(r.get(key), (int, float))
+                         and not isinstance(r.get(key), bool)})
+        if len(values) > 1 and value in (values[0], values[-1]):
+            out.append(f"{key}={value:g} ({'lowest' if value == values[0] else 'highest'} of "
+                       f"{', '.join(f'{v:g}' for v in values)})")
+    return out
+
+
+def tuned_yaml(cfg: dict, score: float, criterion: str, source: str) -> str:
+    given = lambda node: {k: v for k, v in node.items() if v is not None}   # unset: the default
+    body = OmegaConf.to_yaml(OmegaConf.create({"method": given(cfg["method"]),
+                                               "compressor": given(cfg["compressor"])}))
+    return (f"# @package _global_\n# Written by scripts/analysis/select_tuned.py from {source}.\n"
+            f"# Criterion: {criterion}; score {score:.4f} (lower is better).\n"
+            f"defaults:\n  - override /method: {cfg['method']['name']}\n"
+            f"  - override /compressor: {cfg['compressor']['name']}\n\n{body}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", required=True, help="folder with the tuning runs")
+    ap.add_argument("--out", required=True, help="folder for the tuned configs")
+    ap.add_argument("--metric", default="gap")
+    ap.add_argument("--x", choices=sorted(AXES), default="comm",
+                    help="score against uplink (comm, default) or compute (grads)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="the budget on that axis; default: the runs' max_comm (max_grads)")
+    ap.add_argument("--table", default=None, help="CSV of every candidate's score")
+    args = ap.parse_args(argv)
+    runs = load_runs(args.sweep)
+    if not runs:
+        raise SystemExit(f"no finished runs under {args.sweep}: run the tuning sweep first")
+    axis, budget_key = AXES[args.x]
+    budget = args.budget or runs[0].config.get(budget_key)
+    if not budget:
+        raise SystemExit(f"no --budget given and the runs have no {budget_key}")
+    criterion = CRITERION.format(metric=args.metric, axis=axis, budget=budget)
+    best, table = select(runs, args.metric, budget, args.x)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (score, cfg, group) in sorted(best.items()):
+        if math.isinf(score):
+            print(f"warning: every {name} candidate diverged or fell short of the budget")
+        end = scored_range(group, budget, args.x)
+        crit = criterion if end == budget else CRITERION.format(metric=args.metric, axis=axis,
+                                                                budget=end) + \
+            f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
+        atomic_write_text(out / f"{name}.yaml", tuned_yaml(cfg, score, crit, args.sweep))
+        print(f"{name:18s} score {score:8.4f} over {len(group)} seed(s)  method {cfg['method']}  "
+              f"compressor {cfg['compressor']}")
+        chosen = {f"method.{k}": v for k, v in cfg["method"].items() if k != "name"}
+        for edge in grid_edges(table, name, chosen):
+            print(f"{'':18s} at the edge of its grid: {edge}")
+    if args.table:
+        write_csv(table, Path(args.table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""What compression buys: Figure 2's methods against fair dense baselines (docs/fair.md).
+
+    python -m scripts.figures.fair aggregate              # results/sweeps/fair/<task>/* -> results/fair/
+    python -m scripts.figures.fair plot                   # results/fair/*_curves.csv -> figures/fig2_fair.png
+    python -m scripts.figures.fair grads-cap --task logreg    # Alg. 1's gradient evaluations at the budget
+    python -m scripts.figures.fair readme                 # the README's sentence and table, from the CSV
+
+Figure 2 compares Alg. 1 and 2 with Gluon at B = 1, the paper's baseline. Alg. 1's syncs average
+B minibatches per worker, a lever the baseline never gets. Two dense baselines take it away:
+large-batch Gluon (B minibatches on every step) and Local Gluon (Alg. 2 with C = 0: the syncs
+alone). Every method is read twice with Figure 2's statistic (docs/statistics.md), once against
+uplink and once against gradient evaluations per worker (equal compute), each at the final level
+of each dense baseline. The decomposition says, per reading, what Alg. 1 and 2 gain against each
+baseline, and whether that gain is told apart from zero by the rule fixed before the runs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from experiments.shared.statistics import reduction_rows, smoothed_curves, window_of
+from experiments.shared.tables import read_csv, write_csv
+from experiments.shared.fair_panels import (BASELINES, DENSE, LABELS, METHODS, PANELS, READINGS,
+                                            SHORT, SWEEPS, budget_of, order, panel_runs, sweep_of)
+from experiments.shared.files import atomic_write_text
+
+OUT = Path("results/fair")
+FIG = Path("figures")
+# ---------------------------------------------------------------- the decomposition
+
+def verdict(reduction: float, low: float, high: float, reached: int, seeds: int) -> str:
+    """The rule fixed before the runs (docs/fair.md): a gain is told apart from zero when its
+    95% interval lies wholly above 0 ("adds"), a loss when wholly below ("costs"); otherwise
+    the two are not told apart. A method that misses the baseline's final level in a seed has
+    no reduction: "not reached"."""
+    if reached < seeds or math.isnan(reduction):
+        return f"not reached ({reached}/{seeds} seeds)"
+    if low > 0:
+        return "adds"
+    if high < 0:
+        return "costs"
+    return "not told apart"
+
+
+DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
+                        "baseline_x", "reduction", "low", "high", "interval", "seeds",
+                        "seeds_reached", "baseline_censored", "verdict"]
+
+
+def decomposition(rows: list[dict], task: str, reading: str) -> list[dict]:
+    """From a reading's reduction rows: each method of METHODS against each dense baseline at
+    that baseline's final level (smoothed first hit), with the interval Figure 2's README uses
+    (the percentile bootstrap from 10 seeds on, the paired t-interval below) and its verdict.
+    ``best_dense`` marks the dense baseline with the lowest final level."""
+    finals = [r for r in rows if r["level"] == "baseline_final"
+              and r["metric"] == "smoothed_first_hit"]
+    by = {(r["baseline"], r["method"]): r for r in finals}
+    levels = {b: by[(b, b)]["eps"] for b in DENSE if (b, b) in by}
+    best = min(levels, key=levels.get) if levels else ""
+    out = []
+    for m in METHODS:
+        for b in DENSE:
+            r = by.get((b, m))
+            if r is None:
+                continue
+            t = r["seeds"] < 10
+            low, high = (r["t_low"], r["t_high"]) if t else (r["ci_low"], r["ci_high"])
+            out.append({"task": task, "reading": reading, "method": m, "baseline": b,
+                        "best_dense": b == best, "level": r["eps"], "method_x": r["comm"],
+                        "baseline_x": r["baseline_comm"], "reduction": r["reduction"],
+                        "low": low, "high": high,
+                        "interval": "95% t-interval" if t else "95% bootstrap CI",
+                        "seeds": r["seeds"], "seeds_reached": r["seeds_reached"],
+                        "baseline_censored": r["baseline_censored"],
+                        "verdict": verdict(r["reduction"], low, high, r["seeds_reached"],
+                                           r["seeds"])})
+    return out
+
+
+def _num(v) -> bool:
+    return not isinstance(v, str) and v is not None and not math.isnan(v)
+
+
+def _pct(r: dict) -> str:
+    if not _num(r["reduction"]):
+        return r["verdict"]
+    return f"{100 * r['reduction']:.0f}% [{100 * r['low']:.0f}, {100 * r['high']:.0f}]"
+
+
+def markdown(rows: list[dict]) -> str:
+    """decomposition.md: per panel and reading, Alg. 1 and 2's reduction against each dense
+    baseline at that baseline's final level, its interval and verdict."""
+    lines = ["| panel | reading | method | " + " | ".join(
+        f"against {SHORT[b]}" for b in DENSE) + " |", "|---|---|---|" + "---|" * len(DENSE)]
+    get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
+    keys = sorted({(r["task"], r["reading"], r["method"]) for r in rows},
+                  key=lambda k: (k[0] != "a5a", list(READINGS).index(k[1]), k[2]))
+    for task, reading, m in keys:
+        cells = []
+        for b in DENSE:
+            r = get.get((task, reading, m, b))
+            if r is None:
+                cells.append("-")
+                continue
+            best = " (best dense)" if r["best_dense"] in (True, "True") else ""
+            cells.append(f"{_pct(r)} {r['verdict']}{best}" if _num(r["reduction"])
+                         else f"{r['verdict']}{best}")
+        lines.append(f"| {task} | {reading} | {LABELS[m]} | " + " | ".join(cells) + " |")
+    notes = sorted({(r["task"], r["reading"], r["interval"], int(r["seeds"])) for r in rows})
+    text = "\n".join(lines) + "\n\n" + "Each cell: the reduction in uplink (or in gradient " \
+        "evaluations) to reach that baseline's final level, " + "; ".join(
+            f"{t} {rd}: {iv} over {n} seeds" for t, rd, iv, n in notes) + ".\n"
+    return text + "\n" + answer(rows) + "\n"
+
+
+def _against(r: dict, what: str) -> str:
+    """Alg. 1's result against one baseline, in words (numbers from the row)."""
+    if _num(r["reduction"]):
+        return f"needs {_pct(r)} less {what} ({r['verdict']})"
+    reached, seeds = int(r["seeds_reached"]), int(r["seeds"])
+    if reached == 0:
+        return f"never reaches its final level (0 of {seeds} seeds)"
+    return f"reaches its final level in only {reached} of {seeds} seeds"
+
+
+def answer(rows: list[dict]) -> str:
+    """The one-sentence mechanism per panel, written from the table (the README quotes it)."""
+    get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
+    out = []
+    for task in sorted({r["task"] for r in rows}, key=lambda t: t != "a5a"):
+        parts = []
+        for reading, what in (("uplink", "uplink"), ("compute", "gradient evaluations")):
+            here = [r for r in rows if r["task"] == task and r["reading"] == reading]
+            best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
+            cells = [get.get((task, reading, "alg1", b)) for b in ("gluon", best, "local_gluon")]
+            if not here or None in cells:
+                continue
+            paper, top, local = cells
+            parts.append(f"at equal {reading}, Alg. 1 {_against(paper, what)} against Gluon at "
+                         f"B = 1 (the paper's baseline); against the best dense baseline, "
+                         f"{SHORT[best]}, it {_against(top, what)}; against Local Gluon, which "
+                         f"sends only the syncs, it {_against(local, what)}")
+        out.append(f"**{task}**: " + ("; ".join(parts) + "." if parts else "pending."))
+    return "\n\n".join(out)
+
+
+def write_decomposition(rows: list[dict], task_name: str) -> None:
+    """Replace one panel's rows of decomposition.csv (the other panel's are kept) and rewrite
+    decomposition.md from the whole CSV."""
+    path = OUT / "decomposition.csv"
+    keep = [r for r in read_csv(path) if r["task"] != task_name] if path.exists() else []
+    all_rows = sorted(keep + rows, key=lambda r: r["task"] != "a5a")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for r in all_rows:
+        w.writerow({k: ("" if isinstance(r[k], float) and math.isnan(r[k]) else r[k])
+                    for k in DECOMPOSITION_FIELDS})
+    atomic_write_text(path, buf.getvalue())
+    atomic_write_text(OUT / "decomposition.md", markdown(read_csv(path)))
+
+
+# ---------------------------------------------------------------- aggregation
+
+def aggregate(task: str) -> None:
+    """Curves, reduction rows and the decomposition of one task's fair panel, from its sweeps
+    (each reading that has finished runs; a reading without any is skipped and said so)."""
+    panel = PANELS[task]
+    decomposed, reductions, settings = [], [], {}
+    for name, reading in READINGS.items():
+        root = sweep_of(task, name)
+        groups = panel_runs(task, name, root)
+        if not groups:
+            print(f"[fair] {root}: no finished runs yet; skipped")
+            continue
+        budget = budget_of(groups, reading, root)
+        window = window_of(budget)
+        write_csv(smoothed_curves(groups, panel.metric, budget, window, x=reading.x),
+                  OUT / f"{task}_{name}_curves.csv")
+        rows = reduction_rows(groups, panel.metric, eps_list=[],
+                              baselines=[b for b in BASELINES if b in groups], budget=budget,
+                              width=window, task=panel.name, x=reading.x)
+        for r in rows:
+            r["reading"] = name
+        reductions += rows
+        decomposed += decomposition(rows, panel.name, name)
+        settings[name] = {label: {"method": {k: v for k, v in g[0].config["method"].items()
+                                             if v is not None},
+                                  "compressor": {k: v for k, v in g[0].config["compressor"].items()
+                                                 if v is not None},
+                                  "seeds": [r.config["seed"] for r in g],
+                                  "status": sorted(r.status for r in g),
+                                  "budget": budget, "window": window,
+                                  "end": round(float(np.mean([r.rows[-1][reading.x] for r in g])), 3),
+                                  "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
+                                  "end_grads": round(float(np.mean([r.rows[-1]["grads"] for r in g])), 1),
+                                  "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1)}
+                          for label, g in groups.items()}
+    if not settings:
+        raise SystemExit(f"no finished runs under {SWEEPS / task}: run `make fair-runs`")
+    write_csv(reductions, OUT / f"{task}_reduction.csv")
+    atomic_write_text(OUT / f"{task}_settings.json", json.dumps(settings, indent=2) + "\n")
+    write_decomposition(decomposed, panel.name)
+    print((OUT / "decomposition.md").read_text())
+
+
+def grads_cap(task: str, method: str = "alg1") -> int:
+    """Mean over seeds of ``method``'s gradient evaluations per worker at the end of its runs in
+    the uplink reading (at Figure 2's density): the compute budget of the compute reading and
+    EF21-Muon's cap."""
+    runs = panel_runs(task, "uplink").get(method, [])
+    if not runs:
+        raise SystemExit(f"no finished {method} runs under {sweep_of(task, 'uplink')}")
+    return int(round(np.mean([r.rows[-1]["grads"] for r in runs])))
+
+
+# ---------------------------------------------------------------- the figure
+
+def plot(out: Path = FIG) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(PANELS), len(READINGS), figsize=(12, 4.4 * len(PANELS)),
+                             squeeze=False)
+    for row, (task, panel) in zip(axes, PANELS.items()):
+        meta = OUT / f"{task}_settings.json"
+        settings = json.loads(meta.read_text()) if meta.exists() else {}
+        for ax, (name, reading) in zip(row, READINGS.items()):
+            ax.set_title(f"{panel.title}: equal {name}", fontsize=10)
+            ax.set_xlabel(reading.axis)
+            ax.set_ylabel(r"$f(x) - f^*$" if panel.metric == "gap" else "training loss")
+            path = OUT / f"{task}_{name}_curves.csv"
+            rows = read_csv(path) if path.exists() else []
+            if not rows:
+                ax.text(0.5, 0.5, "no runs yet\n(docs/fair.md, Status)", ha="center", va="center",
+                        transform=ax.transAxes)
+                continue
+            for label in sorted({r["label"] for r in rows}, key=order):
+                rs = [r for r in rows if r["label"] == label]
+                base, _, density = label.partition("@")
+                text = LABELS.get(base, base) + (f" {100 * float(density):g}%" if density else "")
+                ls = "--" if base in BASELINES else ("-" if not density else ":")
+                x = [r["comm"] for r in rs]
+                (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.5,
+                                  color=f"C{order(label)[0] % 10}" if not density else None,
+                                  label=text)
+                ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
+                                color=line.get_color(), alpha=0.18, lw=0)
+                ax.plot(x, [r["raw"] for r in rs], "-", lw=0.5, alpha=0.3, color=line.get_color())
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            info = settings.get(name, {})
+            window = next(iter(info.values()), {}).get("window", "?")
+            ax.legend(fontsize=7, title_fontsize=7,
+                      title=f"geometric mean of {int(rows[0]['seeds'])} seeds, trailing "
+                            f"{window}-unit window; band: 95% bootstrap CI; thin: unsmoothed")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "fig2_fair.png"
+    fig.savefig(path, dpi=130, metadata={"Software": None})
+    print(f"wrote {path}")
+    return path
+
+
+def readme() -> str:
+    """The README's fair-baseline block: the sentences and the decomposition table."""
+    return (OUT / "decomposition.md").read_text()
+
+
+DOCS = (Path("README.md"), Path("docs/fair.md"))   # the pages that quote decomposition.md
+
+
+def block(name: str) -> re.Pattern:
+    """The ``<!-- name:begin -->`` ... ``<!-- name:end -->`` block of a page."""
+    return re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+
+
+def quoted() -> dict[str, str]:
+    """What each block holds: ``fair`` the whole decomposition.md, ``fair-answer`` its sentences."""
+    return {"fair": readme(), "fair-answer": answer(read_csv(OUT / "decomposition.csv")) + "\n"}
+
+
+def quote_in_docs(pages=DOCS) -> None:
+    """Write the blocks of each page (``fair`` in every page, ``fair-answer`` where present),
+    so the pages quote the tables as the code wrote them (a test checks they do)."""
+    texts = quoted()
+    for page in pages:
+        text = page.read_text()
+        if not block("fair").search(text):
+            raise SystemExit(f"{page} has no <!-- fair:begin --> ... <!-- fair:end --> block")
+        new = text
+        for name, body in texts.items():
+            new = block(name).sub(lambda m: m.group(1) + body + m.group(2), new)
+        if new != text:
+            atomic_write_text(page, new)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("aggregate")
+    a.add_argument("--task", choices=sorted(PANELS), action="append")
+    sub.add_parser("plot")
+    g = sub.add_parser("grads-cap")
+    g.add_argument("--task", choices=sorted(PANELS), required=True)
+    sub.add_parser("readme")
+    args = ap.parse_args(argv)
+    if args.cmd == "aggregate":
+        for task in args.task or [t for t in PANELS
+                                  if any(sweep_of(t, r).exists() for r in READINGS)]:
+            aggregate(task)
+        quote_in_docs()
+    elif args.cmd == "grads-cap":
+        print(grads_cap(args.task))
+    elif args.cmd == "readme":
+        print(readme(), end="")
+    else:
+        plot()
+
+
+if __name__ == "__main__":
+    main()
