@@ -30,6 +30,7 @@ from experiments.shared.tables import read_csv, write_csv
 from experiments.shared.fair_panels import (BASELINES, DENSE, LABELS, METHODS, PANELS, READINGS,
                                             SHORT, SWEEPS, budget_of, order, panel_runs, sweep_of)
 from experiments.shared.files import atomic_write_text
+from experiments.shared.plotting import band_curve, log_axes
 
 OUT = Path("results/fair")
 FIG = Path("figures")
@@ -248,20 +249,12 @@ def plot(out: Path = FIG) -> Path:
                 base, _, density = label.partition("@")
                 text = LABELS.get(base, base) + (f" {100 * float(density):g}%" if density else "")
                 ls = "--" if base in BASELINES else ("-" if not density else ":")
-                x = [r["comm"] for r in rs]
-                (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.5,
-                                  color=f"C{order(label)[0] % 10}" if not density else None,
-                                  label=text)
-                ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
-                                color=line.get_color(), alpha=0.18, lw=0)
-                ax.plot(x, [r["raw"] for r in rs], "-", lw=0.5, alpha=0.3, color=line.get_color())
-            ax.set_yscale("log")
-            ax.grid(True, which="both", alpha=0.3)
+                band_curve(ax, rs, "comm", ls, lw=1.5,
+                           color=f"C{order(label)[0] % 10}" if not density else None,
+                           label=text, band_alpha=0.18, raw_alpha=0.3)
             info = settings.get(name, {})
             window = next(iter(info.values()), {}).get("window", "?")
-            ax.legend(fontsize=7, title_fontsize=7,
-                      title=f"geometric mean of {int(rows[0]['seeds'])} seeds, trailing "
-                            f"{window}-unit window; band: 95% bootstrap CI; thin: unsmoothed")
+            log_axes(ax, int(rows[0]['seeds']), window, fontsize=7)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "fig2_fair.png"

@@ -22,6 +22,7 @@ from experiments.shared.statistics import group_runs, load_runs, reduction_rows,
 from experiments.shared.tables import read_csv, write_csv, write_table
 from experiments.shared.files import atomic_write_text
 from experiments.shared.configs import cnn_widths, sweep_dir
+from experiments.shared.plotting import band_curve, log_axes
 from experiments.shared.fig2_panels import LABELS, PAPER_CLAIM, TASKS, budget_of, label, order
 
 OUT = Path("results/fig2")
@@ -129,22 +130,15 @@ def plot(out: Path = FIG) -> None:
             rs = [r for r in rows if r["label"] == m]
             x = [r["comm"] for r in rs]
             ls = "--" if m in spec["baselines"] else "-"
-            (line,) = ax.plot(x, [r["smoothed"] for r in rs], ls, lw=1.6,
+            line = band_curve(ax, rs, "comm", ls, lw=1.6,
                               color=f"C{order(m) % 10}",    # one colour per method, both panels
                               label=label(m, settings.get(m)))
-            ax.fill_between(x, [r["ci_low"] for r in rs], [r["ci_high"] for r in rs],
-                            color=line.get_color(), alpha=0.2, lw=0)
-            ax.plot(x, [r["raw"] for r in rs], "-", lw=0.5, alpha=0.35, color=line.get_color())
             end = settings.get(m, {})
             if end.get("end_comm", math.inf) < 0.99 * end.get("budget", 0):
                 ax.plot([x[-1]], [rs[-1]["smoothed"]], "|", ms=10, color=line.get_color())
-        ax.set_yscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-        seeds = int(rows[0]["seeds"])
         window = next(iter(settings.values()), {}).get("window", "?")
-        ax.legend(fontsize=7.5, title_fontsize=7,
-                  title=f"geometric mean of {seeds} seeds, trailing {window}-unit window; band: "
-                        f"95% bootstrap CI;\nthin: unsmoothed; | : the run's iteration cap")
+        log_axes(ax, int(rows[0]["seeds"]), window, fontsize=7.5,
+                 tail=";\nthin: unsmoothed; | : the run's iteration cap")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     for ext in ("png", "pdf"):
