@@ -70,6 +70,7 @@ def encode(compressor: Compressor, blocks: Sequence[Tensor], *, run_seed: int, w
 
 
 DENSE_COLLECTIVES = ("all_reduce", "all_gather")
+DENSE_COLLECTIVE = "all_reduce"   # the default: less downlink; all_gather: bit-identical to sim
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def collectives(msg: Message) -> int:
     return len({(key, t.dtype) for p in msg.packets for key, t in p.wire.items()})
 
 
-def traffic(msg: Message, n_workers: int, dense: str = "all_reduce") -> Traffic:
+def traffic(msg: Message, n_workers: int, dense: str = DENSE_COLLECTIVE) -> Traffic:
     """The bytes and latency hops of one worker's message averaged over ``n_workers`` workers.
 
     Rules (docs/cost.md, checked against the bytes written to the sockets by
@@ -138,7 +139,7 @@ class Ledger:
     cost_per_worker: list[float] = field(default_factory=list)
     bytes_per_worker: list[int] = field(default_factory=list)
     messages: int = 0
-    dense: str = "all_reduce"      # how the backend moves dense messages (see traffic())
+    dense: str = DENSE_COLLECTIVE      # how the backend moves dense messages (see traffic())
     traffic_per_worker: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -217,7 +218,7 @@ class InProcessComm(Comm):
     (``"all_reduce"`` or ``"all_gather"``), so that the ledger counts the traffic of the same
     run on real processes (:func:`traffic`)."""
 
-    def __init__(self, n_workers: int, seed: int = 0, dense: str = "all_reduce"):
+    def __init__(self, n_workers: int, seed: int = 0, dense: str = DENSE_COLLECTIVE):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         if dense not in DENSE_COLLECTIVES:

@@ -1,6 +1,8 @@
-"""Real multi-process training: the :class:`~gluon.comm.Comm` interface on torch.distributed, and
-the process world it runs in (:class:`World`, :func:`open_world`: the process group from
-torchrun's or srun's environment, or one process simulating every worker).
+"""Real multi-process training: the :class:`~gluon.comm.Comm` interface on torch.distributed,
+over a process group the program has initialised (torchrun sets the environment,
+``torch.distributed.init_process_group`` joins it). Starting the processes and joining the group
+is the program's: a training loop of one's own does it as examples/torchrun_cifar.py does, the
+project's runs in experiments/run/world.py (torchrun's or srun's environment).
 
 One worker per process (``local_workers == [rank]``, ``n_workers == world size``); gloo on CPU,
 NCCL on GPU. The methods in :mod:`gluon.methods` run unchanged: they hand :meth:`average` the
@@ -37,16 +39,14 @@ byte, not counted in the bytes; one latency hop in ``hops``) is counted apart in
 """
 from __future__ import annotations
 
-import os
 import random
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .comm import TRAFFIC, Comm, InProcessComm, Ledger, Message
+from .comm import DENSE_COLLECTIVE, DENSE_COLLECTIVES, TRAFFIC, Comm, Ledger, Message
 from .compressors import Identity, Packet, message_seed
 
 
@@ -59,7 +59,7 @@ class RankLedger(Ledger):
     :meth:`TorchDistComm.global_ledger`.
     """
 
-    def __init__(self, n_workers: int, rank: int, dense: str = "all_reduce"):
+    def __init__(self, n_workers: int, rank: int, dense: str = DENSE_COLLECTIVE):
         super().__init__(n_workers, dense=dense)
         self.rank = rank
 
@@ -87,13 +87,13 @@ class TorchDistComm(Comm):
         dense: ``"all_reduce"`` (default) or ``"all_gather"`` for dense (identity) messages.
     """
 
-    def __init__(self, seed: int = 0, *, group=None, device=None, dense: str = "all_reduce"):
+    def __init__(self, seed: int = 0, *, group=None, device=None, dense: str = DENSE_COLLECTIVE):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("TorchDistComm needs an initialised process group: call "
                                "torch.distributed.init_process_group first (torchrun sets "
                                "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")
-        if dense not in ("all_reduce", "all_gather"):
-            raise ValueError(f"dense must be 'all_reduce' or 'all_gather', got {dense!r}")
+        if dense not in DENSE_COLLECTIVES:
+            raise ValueError(f"dense must be one of {DENSE_COLLECTIVES}, got {dense!r}")
         self.group = group
         self.rank = dist.get_rank(group)
         self.n_workers = dist.get_world_size(group)
@@ -266,105 +266,3 @@ def _split(buf: Tensor, items):
     for i, t in items:
         yield i, t, buf[off:off + t.numel()]
         off += t.numel()
-
-
-# ---------------------------------------------------------------- the process world
-#
-# Where a run's n workers live: simulated in this process, or one per process.
-#
-# ``kind="sim"``: all ``n_workers`` workers in this process (:class:`gluon.InProcessComm`).
-# ``kind="torchdist"``: one worker per process over torch.distributed
-# (:class:`TorchDistComm`; gloo on CPU, NCCL on CUDA), the processes started by
-# ``torchrun --nproc-per-node N`` or by ``srun`` with one task per worker (RANK, WORLD_SIZE and
-# LOCAL_RANK are then taken from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID). The same entry
-# point, the same config, the same run folder: rank 0 writes it, every rank computes.
-
-KINDS = ("sim", "torchdist")
-
-
-def env_from_slurm(environ=os.environ) -> bool:
-    """Under ``srun`` without torchrun (or a SLURM job array task with several tasks, as
-    ``launcher=slurm comm=torchdist`` submits), RANK/WORLD_SIZE/LOCAL_RANK from SLURM's
-    variables. MASTER_ADDR defaults to the allocation's first node, MASTER_PORT to a port
-    derived from the job id (so two jobs on one node do not collide).
-    Returns whether a torch.distributed environment is present."""
-    if "RANK" not in environ and "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
-        environ["RANK"] = environ["SLURM_PROCID"]
-        environ["WORLD_SIZE"] = environ["SLURM_NTASKS"]
-        environ["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
-        environ.setdefault("MASTER_ADDR", _first_node(environ))
-        job = int(environ.get("SLURM_JOB_ID", "0") or 0)
-        environ.setdefault("MASTER_PORT", str(20000 + job % 20000))
-    return "RANK" in environ and "WORLD_SIZE" in environ
-
-
-def _first_node(environ) -> str:
-    if int(environ.get("SLURM_NNODES", "1") or 1) <= 1:
-        return "127.0.0.1"
-    import subprocess
-    out = subprocess.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return out[0]
-
-
-@dataclass
-class World:
-    """The processes of a run and how they agree: ``kind`` "sim" (one process, every worker)
-    or "torchdist" (one worker per process)."""
-    kind: str = "sim"
-    rank: int = 0
-    size: int = 1          # processes
-    device: str = "cpu"    # device of the collectives' small tensors (cuda:i under NCCL)
-    dense: str = "all_reduce"   # how dense messages travel (all_gather: bit-identical to sim)
-
-    @property
-    def writer(self) -> bool:
-        """Only rank 0 writes the run folder, W&B and the logs."""
-        return self.rank == 0
-
-    def comm(self, n_workers: int, seed: int) -> Comm:
-        if self.kind == "sim":   # counts the traffic the same run would move on processes
-            return InProcessComm(n_workers, seed=seed, dense=self.dense)
-        return TorchDistComm(seed, dense=self.dense)
-
-    # agreement between ranks (no-ops in a simulation)
-    def any(self, flag: bool) -> bool:
-        if self.size == 1:
-            return flag
-        t = torch.tensor([int(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
-    def all(self, flag: bool) -> bool:
-        return not self.any(not flag)
-
-    def barrier(self) -> None:
-        if self.size > 1:
-            dist.barrier()
-
-
-def open_world(kind: str, device: str = "cpu", dense: str = "all_reduce") -> World:
-    """Join the process group for ``comm=torchdist`` (torchrun or srun started the processes)."""
-    if kind == "sim":
-        return World(dense=dense)
-    env_from_slurm()
-    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return World("torchdist", dist.get_rank(), dist.get_world_size(),
-                 f"cuda:{torch.cuda.current_device()}" if cuda else "cpu", dense)
-
-
-def close_world(world: World) -> None:
-    if world.kind == "torchdist" and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (for a local process group's rendezvous)."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gluon.distributed import free_port
+from experiments.run.world import free_port
 from gluon.distributed import TorchDistComm
 from tests.test_optim import (BATCH, BETA, CASES, LR, SEED, STEPS, ShardBatches, closure_of,
                               engine, equal, make_data, make_model, params_of)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gluon.distributed import free_port
+from experiments.run.world import free_port
 from gluon import encode, make_compressor
 from gluon.comm import traffic
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from experiments.run.config import build_compressor
-from gluon.distributed import World, free_port, open_world
+from experiments.run.world import World, free_port, open_world
 from experiments.tasks import logreg as task
 from experiments.run.config import compose as compose_config
 

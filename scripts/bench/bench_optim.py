@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import gluon
-from gluon.distributed import free_port
+from experiments.run.world import free_port
 from experiments.tasks.airbench import Airbench94
 from experiments.shared.timing import Clock
 

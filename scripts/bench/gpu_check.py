@@ -398,7 +398,7 @@ def _simulate_reference(spec: dict, dense: str = "all_reduce") -> dict:
     counts (how the backend would move dense messages), not the iterates."""
     from experiments.tasks.cnn import build
     from experiments.run.config import validate
-    from gluon.distributed import World
+    from experiments.run.world import World
     cfg = compose_cfg(overrides(spec, DIST_METHOD, spec["dist_steps"], DIST_WORLD))
     data = on_device(synthetic(*spec["dist_data"]), spec["device"])
     threads = torch.get_num_threads()
@@ -420,7 +420,7 @@ def _simulate_reference(spec: dict, dense: str = "all_reduce") -> dict:
 
 def _spawn(spec: dict, out: str) -> str:
     import torch.multiprocessing as mp
-    from gluon.distributed import free_port
+    from experiments.run.world import free_port
     cuda = torch.device(spec["device"]).type == "cuda"
     # CUDA cannot be used in a forked child once the parent has initialised it: spawn there
     start = spec.get("start_method") or "auto"

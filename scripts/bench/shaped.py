@@ -103,7 +103,7 @@ def rank_main(args) -> None:
     import torch
     from experiments.run.config import build_compressor
     from experiments.tasks import task_module
-    from gluon.distributed import open_world
+    from experiments.run.world import open_world
 
     rank = int(os.environ["RANK"])
     cfg = config(args.task, args.method, args.seed, args.max_steps, comm="torchdist")
