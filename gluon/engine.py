@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .comm import Comm, InProcessComm
 from .compressors import Compressor
-from .lmo import NS_STEPS, SCION_HEAD_SCALE, assign_lmos
+from .lmo import LMO_DEFAULT, NS_STEPS, SCION_HEAD_SCALE, assign_lmos
 from .methods import Method, make_method
 from .worker import Oracle, Worker
 
@@ -30,7 +30,7 @@ def simulate(method: str, params: Sequence[Tensor], oracles: Sequence[Oracle], *
 
 
 def simulate_module(method: str, model: nn.Module, oracles: Sequence[Oracle], *,
-                    compressor: Compressor, lmo_rules=None, lmo_default: str = "scion",
+                    compressor: Compressor, lmo_rules=None, lmo_default: str = LMO_DEFAULT,
                     ns_steps: int = NS_STEPS, head_scale: float = SCION_HEAD_SCALE, seed: int = 0,
                     comm: Comm | None = None, **hparams) -> Method:
     """As :func:`simulate` for a ``torch.nn.Module``: LMOs assigned by name and shape

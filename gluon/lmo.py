@@ -160,14 +160,18 @@ class Block:
 # and the BatchNorm biases, 16 times that radius for the Sign head.
 SCION_HEAD_SCALE = 16.0
 
+# The rule that gives each parameter its LMO when no rule of the caller's names it
+# (:func:`assign_lmos`): Scion's.
+LMO_DEFAULT = "scion"
+
 # The LMO settings a task's config may leave to the library (configs/task/cnn.yaml refers to
 # them with ${gluon_lmo_default:<key>}), so that each has one home, here.
-LMO_DEFAULTS = {"ns_steps": NS_STEPS, "head_scale": SCION_HEAD_SCALE}
+LMO_DEFAULTS = {"lmo_default": LMO_DEFAULT, "ns_steps": NS_STEPS, "head_scale": SCION_HEAD_SCALE}
 
 
 def assign_lmos(named_shapes: Sequence[tuple[str, torch.Size]],
                 rules: Sequence[tuple[str, str, float]] | None = None,
-                default: str = "scion", ns_steps: int = NS_STEPS,
+                default: str = LMO_DEFAULT, ns_steps: int = NS_STEPS,
                 head_scale: float = SCION_HEAD_SCALE) -> list[Block]:
     """Give every parameter a block (LMO + radius scale).
 

@@ -23,6 +23,8 @@ from .compressors import Compressor, Identity
 from .lmo import Block, Euclidean
 from .worker import Worker
 
+BETA = 0.9   # the momentum decay's default, of every method and every gluon.optim optimiser
+
 
 # ---------------------------------------------------------------- update rules (X <- X + ...)
 
@@ -64,7 +66,7 @@ class Method:
     allows_scale_by_B = True
 
     def __init__(self, params: Sequence[Tensor], workers: Sequence[Worker], comm: Comm,
-                 update, compressor: Compressor, *, lr: float, beta: float = 0.9,
+                 update, compressor: Compressor, *, lr: float, beta: float = BETA,
                  q: float = 1.0, B: int = 1, scale_by_B: bool = False, seed: int = 0):
         check_hparams(lr=lr, beta=beta, q=q, B=B)
         _check_kind(self, compressor)

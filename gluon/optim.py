@@ -64,8 +64,8 @@ from torch import Tensor, nn
 
 from .comm import Comm, InProcessComm
 from .compressors import Compressor, Identity
-from .lmo import LMOS, NS_STEPS, SCION_HEAD_SCALE, Block, assign_lmos
-from .methods import LMOUpdate, Method, check_hparams, make_method
+from .lmo import LMO_DEFAULT, LMOS, NS_STEPS, SCION_HEAD_SCALE, Block, assign_lmos
+from .methods import BETA, LMOUpdate, Method, check_hparams, make_method
 from .worker import Oracle, Worker
 
 
@@ -275,10 +275,10 @@ class GluonOptimizer(torch.optim.Optimizer):
 
     method = "alg1"   # the registry name in gluon.methods.METHODS
 
-    def __init__(self, params, *, lr: float, beta: float = 0.9,
+    def __init__(self, params, *, lr: float, beta: float = BETA,
                  compressor: Compressor | None = None, seed: int = 0,
                  lmo_rules: Sequence[tuple[str, str, float]] | None = None,
-                 lmo_default: str = "scion", ns_steps: int = NS_STEPS,
+                 lmo_default: str = LMO_DEFAULT, ns_steps: int = NS_STEPS,
                  head_scale: float = SCION_HEAD_SCALE, comm: Comm | None = None,
                  dense_collective: str = "all_reduce", **settings):
         if isinstance(params, nn.Module):
@@ -562,7 +562,7 @@ class Gluon(GluonOptimizer):
     Every step draws one batch, averages the dense gradients and takes the LMO step."""
     method = "gluon"
 
-    def __init__(self, params, *, lr: float, beta: float = 0.9, **options):
+    def __init__(self, params, *, lr: float, beta: float = BETA, **options):
         super().__init__(params, lr=lr, beta=beta, **options)
 
 
@@ -572,7 +572,7 @@ class _Compressed(GluonOptimizer):
     and 2, off for Alg. 3: ``gluon.methods.METHODS``)."""
 
     def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
-                 beta: float = 0.9, scale_by_B: bool | None = None, **options):
+                 beta: float = BETA, scale_by_B: bool | None = None, **options):
         super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B,
                          scale_by_B=scale_by_B, **options)
 
@@ -598,7 +598,7 @@ class CompressedGluonEFMVR(GluonOptimizer):
     method = "alg4"
 
     def __init__(self, params, *, lr: float, compressor: Compressor, q: float, B: int,
-                 beta: float = 0.9, **options):
+                 beta: float = BETA, **options):
         super().__init__(params, lr=lr, beta=beta, compressor=compressor, q=q, B=B, **options)
 
 
@@ -607,7 +607,7 @@ class EF21Muon(GluonOptimizer):
     contraction compressor (identity, TopK, zero)."""
     method = "ef21_muon"
 
-    def __init__(self, params, *, lr: float, compressor: Compressor, beta: float = 0.9,
+    def __init__(self, params, *, lr: float, compressor: Compressor, beta: float = BETA,
                  **options):
         super().__init__(params, lr=lr, beta=beta, compressor=compressor, **options)
 
