@@ -185,8 +185,7 @@ class Ledger:
         self.cost_per_worker = list(s["cost"])
         self.bytes_per_worker = list(s["bytes"])
         self.messages = s["messages"]
-        # a checkpoint written before the traffic columns existed: counted from here on
-        self.traffic_per_worker = {k: list(s.get(k, [0.0] * self.n_workers)) for k in TRAFFIC}
+        self.traffic_per_worker = {k: list(s[k]) for k in TRAFFIC}
 
 
 class Comm:

@@ -142,14 +142,14 @@ class TorchDistComm(Comm):
                 "coin_bytes": self.coin_bytes, "rank": self.rank, "n_workers": self.n_workers}
 
     def load_state_dict(self, s: dict) -> None:
-        if s.get("n_workers", self.n_workers) != self.n_workers:
+        if s["n_workers"] != self.n_workers:
             raise ValueError(f"state of a {s['n_workers']}-worker run loaded into "
                              f"{self.n_workers} workers")
         self.ledger.load_state_dict(s["ledger"])
         self._coin_rng.setstate(s["coin_rng"])
-        self.sent_bytes = s.get("sent_bytes", 0)
-        self.collectives = s.get("collectives", 0)
-        self.coin_bytes = s.get("coin_bytes", 0)
+        self.sent_bytes = s["sent_bytes"]
+        self.collectives = s["collectives"]
+        self.coin_bytes = s["coin_bytes"]
 
     # ------------------------------------------------------------------ reporting (collective)
     def global_ledger(self) -> Ledger:

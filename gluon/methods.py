@@ -196,7 +196,7 @@ class Method:
         for w, ws in zip(self.workers, s["workers"]):
             w.load_state_dict(ws)
         self.comm.load_state_dict(s["comm"])
-        self.compute_s = s.get("compute_s", 0.0)     # a measurement, not the algorithm's state
+        self.compute_s = s["compute_s"]     # a measurement, not the algorithm's state
 
     def _extra_state(self):
         return {}

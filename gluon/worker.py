@@ -116,4 +116,4 @@ class Worker:
     def load_state_dict(self, s):
         self.gen.set_state(s["gen"])
         self.state = copy.deepcopy(s["state"])
-        self.grads = s.get("grads", 0.0)     # checkpoints written before the count: from 0
+        self.grads = s["grads"]

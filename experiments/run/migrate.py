@@ -30,6 +30,10 @@ or diverged) is brought to what a run writes today:
   alone and reported as a duplicate (the same config, run twice under two spellings).
 
 Summaries are rewritten atomically and folders renamed in one step; nothing else changes.
+
+A checkpoint (an unfinished run's, or a kept one) is not migrated: one written before the
+library's state held a count that runs from step 0 (:func:`checkpoint_gap`) is refused when a run
+would read it, and the run starts over.
 ``--check`` reports without writing. One line per run that changes, then a total. Exit status:
 0 when every finished run agrees with its summary, 1 when one is damaged (a summary.json that
 cannot be read, or a finished one without its config, counts as damaged), 2 for a path that
@@ -151,6 +155,30 @@ def migrate_run(run_dir: Path, write: bool = True) -> tuple[str, str]:
     if target != run_dir:
         run_dir.rename(target)
     return "migrated", "; ".join(done)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_gap(payload: dict) -> str | None:
+    """What a checkpoint written by an earlier version lacks of the state the library loads
+    today, in words, or None when it lacks nothing. Each was added as a count from step 0: the
+    workers' gradient evaluations (``grads``), the ledger's traffic columns (``up_bytes``, ...)
+    and the compute time (``compute_s``). Neither the checkpoint nor the rows written before it
+    hold their values at its step, so it cannot be brought up to date; resuming it with the
+    counts restarted at 0 would log wrong columns from then on (and stop a ``max_grads`` budget
+    late). :func:`experiments.run.record.load_checkpoint` refuses it (the run starts over)."""
+    from gluon.comm import TRAFFIC
+    method = payload.get("method") or {}
+    lacks = []
+    if any("grads" not in w for w in method.get("workers") or []):
+        lacks.append("the workers' gradient count (grads)")
+    ledger = (method.get("comm") or {}).get("ledger") or {}
+    columns = [k for k in TRAFFIC if k not in ledger]
+    if columns:
+        lacks.append(f"the ledger's traffic columns ({', '.join(columns)})")
+    if "compute_s" not in method:
+        lacks.append("the compute time (compute_s)")
+    return "; ".join(lacks) or None
 
 
 def run_dirs(root: Path) -> list[Path]:
