@@ -284,22 +284,22 @@ def test_the_fast_path_is_compared_with_fp32_run_by_run_below_the_panels_budget(
     assert rows[1]["loss_rel_diff_max"] == 0.0
 
 
-def test_readme_quotes_the_committed_decomposition_and_effects_tables():
-    """The README's CNN-gap tables are results/cnn_gap/decomposition.md's, row for row, so a
+def test_docs_cnn_gap_quotes_the_committed_decomposition_and_effects_tables():
+    """docs/cnn_gap.md's tables are results/cnn_gap/decomposition.md's, row for row, so a
     condition or factor read by `aggregate` cannot be missing from them or quoted with other
     numbers."""
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
     committed = (repo / "results" / "cnn_gap" / "decomposition.md").read_text()
-    readme = (repo / "README.md").read_text()
+    page = (repo / "docs" / "cnn_gap.md").read_text()
     tables = [t for t in committed.split("\n\n") if t.startswith("|")]
     assert len(tables) == 2                           # the decomposition, what each factor changes
     for table in tables:
         assert table.count("\n") >= 2                                 # a header, a rule, a row
-        assert table.strip() in readme
+        assert table.strip() in page
     (answer,) = [line for line in committed.splitlines() if line.startswith("Answer: ")]
     if not answer.startswith("Answer: pending"):
-        assert answer[len("Answer: "):] in " ".join(readme.split())   # however the README wraps it
+        assert answer[len("Answer: "):] in " ".join(page.split())     # however the page wraps it
 
 
 def test_the_reduction_vs_level_curve_ends_at_the_decompositions_own_point(study):

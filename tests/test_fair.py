@@ -162,6 +162,15 @@ def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
     fair.quote_in_docs([page])
     text = page.read_text()
     assert "stale" not in text and fair.readme() in text and text.endswith("after\n")
+    front = tmp_path / "front.md"                     # the README: the sentence alone
+    front.write_text("<!-- fair-answer:begin -->\nstale\n<!-- fair-answer:end -->\n")
+    fair.quote_in_docs([front])
+    sentence = fair.quoted()["fair-answer"]
+    assert front.read_text() == f"<!-- fair-answer:begin -->\n{sentence}<!-- fair-answer:end -->\n"
+    bare = tmp_path / "bare.md"
+    bare.write_text("no block here\n")
+    with pytest.raises(SystemExit, match="no <!-- fair:begin"):
+        fair.quote_in_docs([bare])
 
 
 def _block(path: Path, name: str) -> str:
@@ -170,8 +179,7 @@ def _block(path: Path, name: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.parametrize("doc,name", [("docs/fair.md", "fair"), ("README.md", "fair"),
-                                      ("README.md", "fair-answer")])
+@pytest.mark.parametrize("doc,name", [("docs/fair.md", "fair"), ("README.md", "fair-answer")])
 def test_docs_quote_the_committed_decomposition(doc, name, monkeypatch):
     monkeypatch.chdir(REPO)
     assert _block(REPO / doc, name) == fair.quoted()[name]

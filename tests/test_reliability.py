@@ -492,14 +492,14 @@ def test_an_unquoted_space_in_a_value_gets_a_hint_to_quote_it(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_readme_key_table_names_every_key_a_run_has():
+def test_the_key_table_names_every_key_a_run_has():
     """Every key of the run schema shared by the entry points (max_grads was missing) is in the
-    first column of the README's table of keys (``wandb.*`` stands for the W&B keys)."""
+    first column of docs/running.md's table of keys (``wandb.*`` stands for the W&B keys)."""
     import re
     from dataclasses import fields
     from experiments.run.config import RunConf
     listed = set()
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs" / "running.md").read_text().splitlines():
         if line.startswith("| `"):
             listed |= {k.split(".")[0] for k in re.findall(r"`([a-z_.]+)", line.split("|")[1])}
     assert [f.name for f in fields(RunConf) if f.name not in listed] == []
