@@ -10,7 +10,7 @@ the task itself (data, model, oracles, evaluation) lives in :mod:`experiments.ta
 """
 from __future__ import annotations
 
-from .run.lifecycle import entry_point
+from .run.command_line import entry_point
 from .tasks import cnn as task
 
 main = entry_point(task, "cnn", objective="loss")   # hydra's job returns the final loss

@@ -8,7 +8,7 @@
 
 Writes metrics.jsonl, summary.json and logreg.log into hydra's run folder
 (results/runs/logreg/<method>/<overrides>, or ``hydra.run.dir=PATH``). The task itself lives in
-:mod:`experiments.tasks.logreg`, the run's lifecycle in :mod:`experiments.run.lifecycle`.
+:mod:`experiments.tasks.logreg`, the command line in :mod:`experiments.run.command_line`.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .run.lifecycle import entry_point, execute
+from .run.command_line import entry_point
+from .run.lifecycle import execute
 from .tasks import logreg as task
-from .tasks.logreg import build  # noqa: F401 (the task's build, for scripts and tests)
 
 main = entry_point(task, "logreg", objective="gap")  # hydra's job returns the final gap
 

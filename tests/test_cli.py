@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.run.lifecycle import LOCK, is_locked
+from experiments.shared.runs import LOCK, is_locked
 from experiments.shared.runs import read_rows, read_summary, shown
 from experiments.run.sweep import run_status, sbatch_script
 from tests.conftest import CONFIGS, REPO, compose_config

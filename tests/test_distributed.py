@@ -24,10 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from experiments.run.record import CHECKPOINT
 from experiments.run.lifecycle import execute
-from experiments.shared.runs import read_rows, read_summary
-from gluon.distributed import free_port, open_world
+from experiments.shared.runs import CHECKPOINT, read_rows, read_summary
+from experiments.run.world import free_port, open_world
 from experiments.tasks import logreg as task
 from gluon import InProcessComm, encode, make_compressor
 from tests.conftest import REPO, compose_config, metrics_bytes, stopping_train, untimed

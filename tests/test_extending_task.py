@@ -28,8 +28,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from experiments.run.config import RunConf
-from experiments.run.lifecycle import entry_point
-from experiments.tasks import TASKS, Built, resolved, settings, split
+from experiments.run.command_line import entry_point
+from experiments.tasks import TASKS, Built, settings, split
 from gluon import simulate
 from gluon.worker import Oracle
 
@@ -81,7 +81,6 @@ def data_identity(cfg):
 
 
 def build(cfg, compressor, world=None):
-    cfg = resolved(cfg)
     t = cfg.task
     g = torch.Generator().manual_seed(t.data_seed)
     A = torch.randn(t.rows, t.dim, generator=g)
@@ -113,6 +112,7 @@ if __name__ == "__main__":
 PRIMARY_CONFIG = """defaults:
   - lsq_schema
   - hydra: default
+  - workers          # n_workers: the project's (configs/workers.yaml)
   - _self_
   - compressor: identity
   - method: gluon

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from experiments import tasks as paths
 from experiments.shared import runs
-from experiments.run.config import resolved
+from experiments.tasks import resolved
 from experiments.tasks import cnn
 from tests.conftest import REPO, compose_config
 

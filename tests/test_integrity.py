@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from experiments import tasks as paths
-from experiments.run.record import CHECKPOINT
-from experiments.run.config import ConfigError, validate
+from experiments.run.config import validate
 from experiments.run.lifecycle import execute
-from experiments.shared.runs import read_summary
+from experiments.shared.errors import ConfigError
+from experiments.shared.runs import CHECKPOINT, read_summary
 from experiments.shared.runs import is_finished
 from experiments.run.sweep import run_status, sweep_runs
 from experiments.tasks import cifar10 as cifar

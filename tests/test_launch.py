@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.run.record import CHECKPOINT
-from experiments.shared.runs import read_rows, read_summary
+from experiments.shared.runs import CHECKPOINT, read_rows, read_summary
 from experiments.run.sweep import sbatch_script, sweep_runs
 from tests.conftest import compose_config, metrics_bytes
 
@@ -334,15 +333,16 @@ def test_a_cuda_device_is_checked_where_the_jobs_run(tmp_path, monkeypatch):
     """device=cuda is refused before any folder where the jobs would run on this machine
     without a GPU (a single run, launcher=local), not where a SLURM job runs on a GPU node."""
     import torch
-    from experiments.run import lifecycle
+    from experiments.run import command_line
+    from experiments.shared.errors import EnvironmentProblem
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(lifecycle.shutil, "which", lambda name: f"/usr/bin/{name}")   # srun
+    monkeypatch.setattr(command_line.shutil, "which", lambda name: f"/usr/bin/{name}")   # srun
     paths = (f"hydra.sweep.dir={tmp_path / 'sw'}", f"hydra.run.dir={tmp_path / 'run'}",
              f"results_dir={tmp_path / 'res'}")
     slurm = compose_config("cnn", "device=cuda", "launcher=slurm_gpu", *paths, hydra=True)
-    lifecycle.check_environment(slurm, multirun=True)
+    command_line.check_environment(slurm, multirun=True)
     for launcher, multirun in (("local", True), ("basic", False)):
         cfg = compose_config("cnn", "device=cuda:0", f"launcher={launcher}", *paths, hydra=True)
-        with pytest.raises(lifecycle.EnvironmentProblem, match="no such CUDA device here"):
-            lifecycle.check_environment(cfg, multirun=multirun)
+        with pytest.raises(EnvironmentProblem, match="no such CUDA device here"):
+            command_line.check_environment(cfg, multirun=multirun)
     assert not list(tmp_path.iterdir())

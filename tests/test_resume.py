@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from experiments.run import lifecycle as runner
-from experiments.run.record import CHECKPOINT, SignalGuard
+from experiments.run.record import SignalGuard
+from experiments.shared.runs import CHECKPOINT
 from experiments.run.config import validate
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
@@ -284,3 +285,70 @@ def test_a_twin_that_is_not_a_prefix_is_passed_over_and_the_run_starts_from_step
     assert "no final checkpoint" in caplog.text
     assert "not one this run logs" in caplog.text
     assert "other_lr" not in caplog.text          # another run: not a candidate at all
+
+
+# A checkpoint an earlier version wrote before the library's state held a count from step 0
+# (experiments.run.migrate.checkpoint_gap): each written as it would have been.
+def _without_grads(m):
+    for w in m["workers"]:
+        del w["grads"]
+
+
+def _without_traffic(m):
+    from gluon.comm import TRAFFIC
+    for key in TRAFFIC:
+        del m["comm"]["ledger"][key]
+
+
+def _without_compute_s(m):
+    del m["compute_s"]
+
+
+EARLIER = {"grads": _without_grads, "up_bytes": _without_traffic, "compute_s": _without_compute_s}
+
+
+def test_a_checkpoint_of_an_earlier_version_is_refused_never_resumed_with_counts_from_zero(
+        tmp_path, results, monkeypatch, caplog):
+    """Resuming such a checkpoint would restart its counts at 0 at its step (the rows would log
+    them wrong from then on): the run wing says what the checkpoint lacks and the run starts over,
+    equal to the run made in one go; the library, handed such a state, refuses it."""
+    from experiments.run.migrate import checkpoint_gap
+    from experiments.run.record import load_checkpoint
+    from gluon import make_compressor, simulate
+    from gluon.worker import Worker
+    overrides = ["method=alg1", "steps=300", "log_every=10", "checkpoint_every=100",
+                 "keep_checkpoint=true", f"results_dir={results}"]
+    execute(config(*overrides), tmp_path / "ref", task)
+    current = torch.load(tmp_path / "ref" / CHECKPOINT, weights_only=False)
+    assert checkpoint_gap(current) is None
+    for key, strip in EARLIER.items():
+        old = torch.load(tmp_path / "ref" / CHECKPOINT, weights_only=False)
+        strip(old["method"])
+        assert key in checkpoint_gap(old), key
+
+    real = _interrupt_at(monkeypatch, 150)           # after the checkpoint at 100
+    with pytest.raises(KeyboardInterrupt):
+        execute(config(*overrides), tmp_path / "run", task)
+    path = tmp_path / "run" / CHECKPOINT
+    saved = torch.load(path, weights_only=False)
+    assert saved["method"]["k"] == 100
+    _without_grads(saved["method"])
+    torch.save(saved, path)
+    caplog.set_level(logging.INFO, logger="experiments")
+    assert load_checkpoint(path) is None
+    assert "written by an earlier version, without the workers' gradient count" in caplog.text
+    monkeypatch.setattr(runner, "train", real)
+    summary = execute(config(*overrides), tmp_path / "run", task)
+    assert "[resume]" not in caplog.text and summary["resumed"] is False
+    assert_same_run(tmp_path / "ref", tmp_path / "run")
+
+    # the library loads only what it writes: a worker's state without its count is refused
+    worker = Worker(0, None, seed=0)
+    with pytest.raises(KeyError, match="grads"):
+        worker.load_state_dict({k: v for k, v in worker.state_dict().items() if k != "grads"})
+    method = simulate("gluon", [torch.zeros(3)], [None], compressor=make_compressor("identity"),
+                      lr=0.1)
+    state = method.state_dict()
+    _without_traffic(state)
+    with pytest.raises(KeyError, match="up_bytes"):
+        method.load_state_dict(state)

@@ -4,9 +4,11 @@
   in hydra's ConfigStore as ``logreg_schema`` / ``cnn_schema`` and named first in the defaults
   of ``configs/logreg.yaml`` / ``configs/cnn.yaml``) type every key, so ``steps=abc`` or
   ``task.heterogeneity=dirichlet`` is refused while the config is composed.
-* **Checks.** :func:`validate` runs every check that can fail (the schema, the method and its
-  compressor, the task's own checks, the process world) before any data is loaded;
-  a failure is a :class:`ConfigError` naming the key, the value and what is allowed.
+* **Resolved once, validated once.** :func:`checked` resolves a composed config into the
+  typed :class:`~experiments.tasks.ResolvedConfig` the run reads from then on, and
+  :func:`validate` runs every check that can fail (the schema, the method and its compressor,
+  the task's own checks, the process world) before any data is loaded; a failure is a
+  :class:`ConfigError` naming the key, the value and what is allowed.
 * **Folders.** A run's folder is named by its identity (:mod:`experiments.shared.runs`: the
   resolved config less the operational keys, and the data), through the ``gluon_run_folder``
   resolver of ``configs/hydra/default.yaml``: any spelling of a config lands in one folder.
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -24,24 +26,25 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from gluon import make_compressor, resolve_method
-from gluon.distributed import KINDS, env_from_slurm
+from .world import KINDS, export_torch_env_from_slurm
 
-from ..tasks import HETEROGENEITY, resolved, settings
-from experiments.shared.runs import OPERATIONAL, folder_name  # noqa: F401 (for callers)
-from experiments.shared.errors import ConfigError  # noqa: F401 (for callers)
+from ..tasks import HETEROGENEITY, ResolvedConfig, settings
+from experiments.shared.runs import folder_name
+from experiments.shared.errors import ConfigError
 
 
 # ---------------------------------------------------------------- the schema
 
-Heterogeneity = Enum("Heterogeneity", {h: h for h in HETEROGENEITY})   # experiments.tasks.split
+# The enums are strings (StrEnum): a composed config reads as its resolved values do.
+Heterogeneity = StrEnum("Heterogeneity", {h: h for h in HETEROGENEITY})  # experiments.tasks.split
 
 
-class CommKind(Enum):
+class CommKind(StrEnum):
     sim = "sim"                  # all workers simulated in this process
     torchdist = "torchdist"      # one worker per process (torchrun / srun), torch.distributed
 
 
-class DenseCollective(Enum):
+class DenseCollective(StrEnum):
     all_reduce = "all_reduce"    # torchdist: sum in the collective's order (last-bit differences)
     all_gather = "all_gather"    # torchdist: gather, then average as the simulation: bit-identical
 
@@ -84,7 +87,7 @@ class RunConf:
     steps: int = MISSING
     max_comm: Optional[float] = None    # uplink budget per worker (dense gradients); null: none
     max_grads: Optional[float] = None   # compute budget: gradient evaluations per worker (minibatches)
-    n_workers: int = 4
+    n_workers: int = MISSING          # configs/workers.yaml (the paper's n)
     batch_size: int = MISSING
     log_every: int = MISSING
     log_comm: Optional[float] = None    # a row at each multiple of this uplink (units per worker)
@@ -97,7 +100,7 @@ class RunConf:
     checkpoint_every: int = MISSING     # steps between checkpoints (each entry point's yaml)
     keep_checkpoint: bool = False       # a finished run keeps its final state (extend_from reads it)
     extend_from: Optional[str] = None   # a folder of finished runs (a sweep's): start from the one
-                                        # that is this run on a smaller budget (lifecycle._extension)
+                                        # that is this run on a smaller budget (resume.extension)
     comm: CommKind = CommKind.sim       # sim | torchdist (one worker per process)
     dense_collective: DenseCollective = DenseCollective.all_reduce
     progress_s: float = 10.0            # seconds of wall time between progress lines (0: none)
@@ -158,13 +161,44 @@ class CnnConfig(RunConf):
     device: str = MISSING              # configs/cnn.yaml
 
 
-SCHEMAS = {"logreg": LogRegConfig, "cnn": CnnConfig}     # by task.name
+@dataclass
+class LmTask:
+    """The lm task's keys (a character-level GPT on Tiny Shakespeare), typed; their values live
+    in configs/task/lm.yaml and the profiles configs/profile/lm/. Its workers' data is
+    ``split`` (iid | plays), not experiments.tasks.split."""
+    name: str = MISSING
+    split: str = MISSING
+    split_seed: int = MISSING
+    download: bool = MISSING
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    block_size: int = MISSING
+    bias: bool = MISSING
+    dropout: float = MISSING
+    embed_scale: float = MISSING
+    ns_steps: int = MISSING
+    lmo_rules: List[Any] = MISSING
+    eval_train: int = MISSING
+    eval_val: int = MISSING
+    max_chunk: int = MISSING
+    amp: bool = MISSING
+
+
+@dataclass
+class LmConfig(RunConf):
+    task: LmTask = field(default_factory=LmTask)
+    device: str = MISSING              # configs/lm.yaml
+
+
+SCHEMAS = {"logreg": LogRegConfig, "cnn": CnnConfig, "lm": LmConfig}     # by task.name
 
 
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="logreg_schema", node=LogRegConfig)
     cs.store(name="cnn_schema", node=CnnConfig)
+    cs.store(name="lm_schema", node=LmConfig)
 
 
 register()
@@ -193,9 +227,8 @@ def run_folder(*, _root_) -> str:
     """The ``gluon_run_folder`` resolver: the folder name (:func:`experiments.shared.runs.
     folder_name`) of the run the whole config (``_root_``) describes, its data included."""
     from ..tasks import task_module
-    cfg = resolved(_root_)
-    data = task_module(cfg.task.name).data_identity(cfg)
-    return folder_name(OmegaConf.to_container(cfg), data)
+    run = ResolvedConfig.of(_root_, task_module(str(_root_.task.name)))
+    return folder_name(run.config, run.data)
 
 
 def method_default(key: str, *, _parent_) -> Any:
@@ -279,13 +312,26 @@ def _known_keys(cfg: DictConfig, prefix: str = "") -> None:
             _known_keys(node, f"{name}.")
 
 
-def validate(cfg: DictConfig, task=None, check_world: bool = True):
+def checked(cfg: DictConfig | ResolvedConfig, task=None,
+            check_world: bool = True) -> ResolvedConfig:
+    """``cfg`` resolved once and validated once (:func:`validate`): the config a run reads from
+    then on. One checked already comes back as it is."""
+    run = ResolvedConfig.of(cfg, task)
+    if run.validated:
+        return run
+    validate(run, check_world=check_world)
+    return replace(run, validated=True)
+
+
+def validate(cfg: DictConfig | ResolvedConfig, task=None, check_world: bool = True):
     """Every check that can fail, before any data is loaded or compute spent: the run's keys,
     the method with its compressor, the task's own ``check(cfg)`` and, for ``comm=torchdist``,
     the processes started (``check_world``; a launcher that will start them, SLURM with one
-    task per worker, checks them in the job). Returns the compressor. Raises :class:`ConfigError`."""
-    _known_keys(cfg)
-    cfg = resolved(cfg)
+    task per worker, checks them in the job). ``cfg``: composed, or resolved already. Returns
+    the compressor. Raises :class:`ConfigError`."""
+    _known_keys(cfg.composed if isinstance(cfg, ResolvedConfig) else cfg)
+    run = ResolvedConfig.of(cfg, task)
+    task, cfg = run.task, run.cfg
     _check(cfg.n_workers >= 1, "n_workers", cfg.n_workers, "must be >= 1")
     _check(cfg.batch_size >= 1, "batch_size", cfg.batch_size, "must be >= 1")
     _check(cfg.steps >= 0, "steps", cfg.steps, "must be >= 0")
@@ -328,7 +374,7 @@ def check_env(kind: str, n_workers: int, environ=os.environ) -> str | None:
         return f"comm={kind}: choose one of {', '.join(KINDS)}"
     if kind == "sim":
         return None
-    if not env_from_slurm(environ):
+    if not export_torch_env_from_slurm(environ):
         return ("comm=torchdist needs one process per worker: start it with "
                 "`torchrun --nproc-per-node N -m experiments.<task> comm=torchdist ...` or srun")
     size = int(environ["WORLD_SIZE"])

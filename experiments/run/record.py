@@ -43,8 +43,8 @@ import torch
 from gluon.engine import gradients_per_worker
 
 from experiments.shared import runs
-from experiments.shared.runs import CHECKPOINT, FINISHED  # noqa: F401
-from experiments.shared.files import REPO, atomic_write, atomic_write_text  # noqa: F401
+from experiments.shared.runs import FINISHED
+from experiments.shared.files import REPO, atomic_write, atomic_write_text
 
 
 def git_commit() -> dict:
@@ -367,8 +367,9 @@ def checkpoint_leftovers(path: str | Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path, quiet: bool = False) -> dict | None:
-    """The checkpoint at ``path``, or None when there is none or it cannot be read (said in a
-    log line unless ``quiet``)."""
+    """The checkpoint at ``path``, or None when there is none, it cannot be read, or an earlier
+    version wrote it without a count the library loads today
+    (:func:`experiments.run.migrate.checkpoint_gap`); said in a log line unless ``quiet``."""
     path = Path(path)
     if not path.exists():
         return None
@@ -380,6 +381,11 @@ def load_checkpoint(path: str | Path, quiet: bool = False) -> dict | None:
         return None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         say("[checkpoint] ignoring %s: unknown format", path)
+        return None
+    from .migrate import checkpoint_gap          # what an earlier version's checkpoint lacks
+    gap = checkpoint_gap(payload)
+    if gap:
+        say("[checkpoint] ignoring %s: written by an earlier version, without %s", path, gap)
         return None
     return payload
 

@@ -1,6 +1,6 @@
 """A sweep: what it did, reported at its end, and what a SLURM sweep would submit.
 
-Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.lifecycle.
+Runs inside a multirun do not stop the sweep when they fail (:func:`experiments.run.job.
 run_hydra_job`). Once every job has returned, the sweeper (:mod:`hydra_plugins.gluon_sweeper`,
 any launcher) calls :func:`report`: it lists each run this sweep launched that is not finished -
 failed, damaged, interrupted (a checkpoint but no summary) or missing: the statuses of
@@ -71,7 +71,7 @@ def sbatch_script(config_name: str, overrides: list[str], n_jobs: int | None = N
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from .lifecycle import first_point
+    from .command_line import first_point
     from .config import compose
 
     cfg = compose(config_name, *first_point(overrides), hydra=True)

@@ -1,5 +1,6 @@
 """The experiments' tasks. Each module holds one task whole (data, oracle, evaluation) and
-offers the run lifecycle (:mod:`experiments.run.lifecycle`) two functions:
+offers the run (:mod:`experiments.run.lifecycle`) four functions, each given the run's config
+resolved once (:attr:`ResolvedConfig.cfg`):
 
 * ``check(cfg)``: the task's own checks of a config, before any data is loaded;
 * ``check_data(cfg)``: the data is on disk, intact and readable (before hydra makes a folder);
@@ -7,10 +8,11 @@ offers the run lifecycle (:mod:`experiments.run.lifecycle`) two functions:
 * ``build(cfg, compressor, world) -> Built``: the method over the workers this process hosts.
 
 :data:`TASKS` registers them by ``task.name``, the name every config, record and figure uses.
-What every task shares is here too: :func:`resolved` (a config as tasks read it),
-:func:`settings` (a method's or compressor's settings), :func:`split` (worker shards) and the
-data: where it is found (:func:`candidate_dirs`, :func:`libsvm_file`) and its identity by
-content (:func:`sha256`, checked against ``SHA256SUMS`` by :func:`verify`).
+What every task shares is here too: :class:`ResolvedConfig` (a run's config resolved once, as
+tasks and records read it), :func:`settings` (a method's or compressor's settings),
+:func:`split` (worker shards) and the data: where it is found (:func:`candidate_dirs`,
+:func:`libsvm_file`) and its identity by content (:func:`sha256`, checked against
+``SHA256SUMS`` by :func:`verify`).
 """
 from __future__ import annotations
 
@@ -19,17 +21,20 @@ import importlib
 import json
 import os
 import urllib.request
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gluon.methods import Method
 
 from experiments.shared.files import REPO, atomic_write, atomic_write_text
-from experiments.shared.errors import EnvironmentProblem
+from experiments.shared.errors import ConfigError, EnvironmentProblem
 
 
 class Built(NamedTuple):
@@ -44,7 +49,8 @@ class Built(NamedTuple):
 # task.name -> the module that holds the task: its name (imported on first use: the CNN's
 # imports torchvision) or the module itself. A task of your own is one more entry, made by its
 # module (docs/architecture.md, "How to add a task").
-TASKS = {"logreg": "experiments.tasks.logreg", "cnn": "experiments.tasks.cnn"}
+TASKS = {"logreg": "experiments.tasks.logreg", "cnn": "experiments.tasks.cnn",
+         "lm": "experiments.tasks.lm"}
 
 
 def task_module(name: str):
@@ -61,10 +67,45 @@ def task_module(name: str):
 
 def resolved(cfg: DictConfig) -> DictConfig:
     """``cfg`` resolved, with enums as their strings and without hydra's node: a config as
-    tasks and records read it (a config already resolved comes back equal)."""
+    tasks and records read it (a config already resolved comes back equal). The run resolves
+    its config once, into a :class:`ResolvedConfig`."""
     keys = [k for k in cfg.keys() if k != "hydra"]
     return OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True,
                                                    enum_to_str=True))
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A run's config resolved once, where the run starts (the command line's check, the sweeper
+    for each job, a sweep's job, ``execute`` given a composed config): what the run, its task
+    and its records read from then on. :meth:`of` makes it."""
+    composed: DictConfig        # as composed: the schema's types, hydra's node when composed with it
+    cfg: DictConfig             # the values (read-only; enums as strings, no hydra node): what a
+                                # task's check, check_data, data_identity and build receive
+    config: dict                # the same values as plain data: what summary.json records and a
+                                # run's identity is made of (experiments.shared.runs.identity)
+    task: Any = None            # the task's module (TASKS), when known
+    validated: bool = False     # every check passed (experiments.run.config.checked)
+
+    @classmethod
+    def of(cls, cfg: DictConfig | ResolvedConfig, task=None) -> ResolvedConfig:
+        """``cfg`` resolved (``cfg`` itself when it is resolved already). ConfigError when a
+        value cannot be resolved (an interpolation to no key, say)."""
+        if isinstance(cfg, cls):
+            return cfg if task is None or cfg.task is task else replace(cfg, task=task)
+        try:
+            values = resolved(cfg)
+        except OmegaConfBaseException as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
+        OmegaConf.set_readonly(values, True)
+        return cls(cfg, values, OmegaConf.to_container(values), task)
+
+    @cached_property
+    def data(self) -> str | None:
+        """The data's identity (the task's ``data_identity``), part of the run's; None when the
+        config alone makes the data (or no task is known)."""
+        identity = getattr(self.task, "data_identity", None)
+        return identity(self.cfg) if identity is not None else None
 
 
 def settings(node: DictConfig) -> dict:

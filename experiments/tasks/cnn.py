@@ -39,7 +39,7 @@ from .airbench import Airbench94, count_params, init_whitening, recalibrate_bn
 from .cifar10 import Cifar, augment, check_data, load_cifar10, normalize  # noqa: F401
 from .cifar10 import data_identity as _source_identity
 from experiments.shared.files import REPO
-from . import Built, check_heterogeneity, resolved, settings, split
+from . import Built, check_heterogeneity, settings, split
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -237,7 +237,6 @@ def data_identity(cfg: DictConfig) -> str | None:
 
 def check(cfg: DictConfig) -> None:
     """The CNN task's own checks (before any data is loaded)."""
-    cfg = resolved(cfg)
     check_heterogeneity(cfg)
     if cfg.eval_every < 0 or (cfg.eval_every and (not cfg.log_every or cfg.eval_every % cfg.log_every)):
         raise ValueError(f"eval_every ({cfg.eval_every}) must be 0 (only at the end) or a multiple "
@@ -253,7 +252,6 @@ def check(cfg: DictConfig) -> None:
 def build(cfg: DictConfig, compressor, world=None, data: Cifar | None = None) -> Built:
     """The simulated method, the evaluation closure and what the summary records for CIFAR-10.
     ``data`` replaces the dataset (tests pass a tiny synthetic one)."""
-    cfg = resolved(cfg)
     t = cfg.task
     device = pick_device(cfg.device)
     data = data if data is not None else load_data(cfg)

@@ -33,7 +33,7 @@ from gluon.worker import Oracle
 from experiments.shared.files import REPO, atomic_write_text
 from experiments.shared.errors import ConfigError
 from . import (LIBSVM_URL, Built, DataCorruptError, check_heterogeneity, libsvm_file,
-               locate_libsvm, resolved, settings, sha256, split, verify)
+               locate_libsvm, settings, sha256, split, verify)
 
 N_FEATURES = 123
 log = logging.getLogger("experiments.run")
@@ -247,7 +247,6 @@ def cached_f_star(A, b, l2, cache: Path, key: dict) -> dict:
 
 def check(cfg) -> None:
     """The a5a task's own checks (the dataset file is looked for when the data is loaded)."""
-    cfg = resolved(cfg)
     check_heterogeneity(cfg)
     if not 0 <= cfg.task.l2 < math.inf:
         raise ValueError(f"task.l2={cfg.task.l2}: must be a finite number >= 0")
@@ -269,7 +268,6 @@ def check_data(cfg) -> None:
     """The data a run of ``cfg`` needs, before hydra makes a folder: the file exists (or can
     be downloaded), matches SHA256SUMS, parses, and has a row for every worker. Writes
     nothing, except a download."""
-    cfg = resolved(cfg)
     _, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg), remember=False)
     if cfg.n_workers > data["rows"]:
         raise ConfigError(f"n_workers={cfg.n_workers}: {cfg.task.dataset} has {data['rows']} "
@@ -293,7 +291,6 @@ def shard_note(rows: int, n_workers: int, batch_size: int) -> str | None:
 def build(cfg, compressor, world=None) -> Built:
     """The method over the workers this process hosts (all of them in a simulation), the
     evaluation (f(x) - f* on the full training set) and what the summary records."""
-    cfg = resolved(cfg)
     A, b, data = load_dataset(cfg.task.dataset, cfg.data_dir, _cache_dir(cfg))
     note = shard_note(len(b), cfg.n_workers, cfg.batch_size)
     if note:

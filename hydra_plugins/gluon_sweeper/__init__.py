@@ -13,10 +13,8 @@ from pathlib import Path
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
-from omegaconf import OmegaConf
 
 from experiments.shared.configs import CONFIGS
-
 
 
 class ProjectConfigs(SearchPathPlugin):
@@ -38,9 +36,10 @@ class ProjectConfigs(SearchPathPlugin):
 class SkipFinishedSweeper(BasicSweeper):
     """Hydra's basic sweeper that checks every job first and launches only unfinished runs.
 
-    Before anything is launched or any folder made, every job's config is composed and checked
-    (:func:`experiments.run.config.validate` with the entry point's task, and the task's data:
-    ``check_data``): one bad job stops the sweep with one line and exit status 2. Then each
+    Before anything is launched or any folder made, every job's config is composed, resolved
+    and validated once (:func:`experiments.run.config.checked` with the entry point's task), and
+    its data checked (``check_data``): one bad job stops the sweep with one line and exit status
+    2 (the command line validated none: this is where a sweep's jobs are validated). Then each
     job's run folder is looked at: a finished run with the same config whose files agree
     (``experiments.shared.runs.is_finished``: the same identity, data included) is reported ``[skip]`` here and never handed to
     the launcher, so re-running a finished sweep on SLURM submits nothing; a damaged one is
@@ -62,40 +61,35 @@ class SkipFinishedSweeper(BasicSweeper):
         return results
 
     def split_arguments(self, overrides, max_batch_size):  # noqa: D401 (hydra's hook)
-        from experiments.run.lifecycle import (composition_message, fail, launcher_starts_workers,
-                                               refuse_other_run)
-        from experiments.run.config import ConfigError, resolved, validate
+        from experiments.run.command_line import (composition_message, fail,
+                                                  launcher_starts_workers, refuse_other_run)
+        from experiments.run.config import checked
+        from experiments.shared.errors import ConfigError, EnvironmentProblem
         from experiments.shared.runs import is_finished, read_summary
-        from experiments.shared.errors import EnvironmentProblem
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
         check_world = not launcher_starts_workers(self.config)
         check_data = getattr(self.task, "check_data", None)
-        cfgs = []
-        for job in jobs:                       # every job checked before any is launched
-            try:
+        runs = []
+        for job in jobs:                       # every job checked before any is launched:
+            try:                               # resolved once, validated once
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-                validate(cfg, self.task, check_world=check_world)
+                runs.append(checked(cfg, self.task, check_world))
             except ConfigError as err:
                 fail(f"{err} (in the job {' '.join(job)})")
             except Exception as err:  # noqa: BLE001 (hydra's composition errors, reworded)
                 fail(f"{composition_message(err)} (in the job {' '.join(job)})")
-            cfgs.append(cfg)
-        for job, cfg in zip(jobs, cfgs):       # then the data (its hashes are cached), and
+        for job, run in zip(jobs, runs):       # then the data (its hashes are cached), and
             try:                               # that no job's folder holds another run
                 if check_data is not None:
-                    check_data(cfg)
-                if not cfg.get("overwrite"):
-                    refuse_other_run(Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir),
-                                     cfg, self.task)
+                    check_data(run.cfg)
+                if not run.cfg.overwrite:
+                    refuse_other_run(_run_dir(run), run)
             except (ConfigError, EnvironmentProblem) as err:
                 fail(f"{err} (in the job {' '.join(job)})")
         todo = []
-        for job, cfg in zip(jobs, cfgs):
-            run_dir = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
-            data_identity = getattr(self.task, "data_identity", None)
-            data = data_identity(resolved(cfg)) if data_identity is not None else None
-            if not cfg.get("overwrite") and is_finished(run_dir, OmegaConf.to_container(resolved(cfg)),
-                                                        data):
+        for job, run in zip(jobs, runs):
+            run_dir = _run_dir(run)
+            if not run.cfg.overwrite and is_finished(run_dir, run.config, run.data):
                 print(f"[skip] {run_dir}: already finished with this config", flush=True)
                 self.skipped[run_dir] = read_summary(run_dir).get("status", "ok")
             else:
@@ -104,3 +98,13 @@ class SkipFinishedSweeper(BasicSweeper):
         if not todo:
             return []
         return list(BasicSweeper.split_overrides_to_chunks(todo, max_batch_size))
+
+    def validate_batch_is_legal(self, batch) -> None:  # noqa: D401 (hydra's hook)
+        """Nothing: hydra's check composes every job of the batch once more, and
+        :meth:`split_arguments` composed and validated each already."""
+
+
+def _run_dir(run) -> Path:
+    """A sweep job's run folder (a ResolvedConfig of a job composed with hydra's node)."""
+    sweep = run.composed.hydra.sweep
+    return Path(sweep.dir) / str(sweep.subdir)

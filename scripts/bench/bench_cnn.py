@@ -35,7 +35,7 @@ from experiments.tasks.cnn import build, cpu_has_native_bf16
 from experiments.shared.files import atomic_write_text
 from experiments.run.config import compose, validate
 from experiments.shared.timing import Clock
-from experiments.tasks import resolved
+from experiments.tasks import ResolvedConfig
 
 
 CPU_WIDTHS = cnn_widths("cpu")
@@ -64,7 +64,7 @@ def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_W
                  f"task.amp_cpu={str(bool(amp_cpu)).lower()}"]
     overrides += [f"compressor.{k}={v}" for k, v in comp.items() if k != "name"]
     overrides += [f"method.{k}={v}" for k, v in (("q", q), ("B", B)) if k in takes]
-    return resolved(compose("cnn", *overrides))
+    return ResolvedConfig.of(compose("cnn", *overrides)).cfg
 
 
 def random_data(n_train=4096, n_test=256, seed=0) -> Cifar:
