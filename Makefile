@@ -1,4 +1,5 @@
-# gluon-fl: `make help` lists the targets.
+# gluon-fl: `make help` lists the targets by group. Every target with a `## ` comment names its
+# group first, `## [reproduce|study|operate|develop] what it does`; tests/test_docs.py checks it.
 SHELL := /bin/bash
 PY_SYS ?= python3
 VENV ?= .venv
@@ -36,8 +37,18 @@ TUNED_CNN = configs/tuned/fig2_cnn_cpu
         tune-fig2 tune-fig2-cnn \
         fig3 fig4 fig5 fig6 fig7 fig8 cnn-gap cnn-gap-gpu cnn-gap-gpu-runs sbatch-preview wandb-sync clean
 
-help:  ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+help:  ## [operate] list the targets by group: reproduce, study, operate, develop
+	@awk 'BEGIN { n = split("reproduce study operate develop", order, " "); for (i = 1; i <= n; i++) known[order[i]] = 1; \
+	    about["reproduce"] = "the paper'"'"'s figures and tables"; \
+	    about["study"] = "beyond the paper: tuning, fair baselines, the CNN gap, the network cost"; \
+	    about["operate"] = "set-up, sweeps, clusters, W&B, clean-up"; \
+	    about["develop"] = "tests, benchmarks, checks"; about["ungrouped"] = "no [group] in its ## comment" } \
+	  /^[a-z0-9-]+:.*## / { t = $$0; sub(/:.*/, "", t); d = substr($$0, index($$0, "## ") + 3); g = "ungrouped"; \
+	    if (match(d, /^\[[a-z]+\] /)) { g = substr(d, 2, RLENGTH - 3); d = substr(d, RLENGTH + 1) } \
+	    if (!(g in known)) { g = "ungrouped"; d = substr($$0, index($$0, "## ") + 3) } \
+	    line[g, ++count[g]] = sprintf("  make %-15s %s", t, d) } \
+	  END { order[++n] = "ungrouped"; for (i = 1; i <= n; i++) { g = order[i]; if (!count[g]) continue; \
+	    printf "%s%s: %s\n", (shown++ ? "\n" : ""), g, about[g]; for (j = 1; j <= count[g]; j++) print line[g, j] } }' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -45,21 +56,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[experiments,test]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the project with its pinned dependencies
+install: $(STAMP)  ## [operate] create .venv and install the project with its pinned dependencies
 
 # Test processes (pytest-xdist; auto: one per core). A test file stays in one process, so the
 # tests of one file never race on what they share (the shaped-network namespace, module fixtures).
 TEST_JOBS ?= auto
-test: $(STAMP)  ## run the test suite (fast tests; about 12 minutes on 2 cores)
+test: $(STAMP)  ## [develop] run the test suite (fast tests; about 12 minutes on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
-test-slow: $(STAMP)  ## run every test, the slow end-to-end ones included
+test-slow: $(STAMP)  ## [develop] run every test, the slow end-to-end ones included
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m 'slow or not slow'
 
-bench: $(STAMP)  ## throughput benchmark of every method on a5a (steps/s, where the time goes)
+bench: $(STAMP)  ## [develop] throughput benchmark of every method on a5a (steps/s, where the time goes)
 	$(PY) -m scripts.bench.bench_logreg
 
-bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
+bench-cnn: $(STAMP)  ## [develop] CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
 	$(PY) -m scripts.bench.bench_cnn --out results/bench/cnn.md
 	$(PY) -m scripts.bench.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
 	$(PY) -m scripts.bench.bench_cnn --paths --methods alg1 --B 64 --path-steps 100 --out results/bench/cnn_paths_b64.md
@@ -67,28 +78,28 @@ bench-cnn: $(STAMP)  ## CNN step time on CPU: where it goes (results/bench/cnn.m
 	  --path-widths 16 64 64 --path-widths 32 128 128 --path-widths 64 256 256 --out results/bench/cnn_paths_b64_pair.md
 
 .PHONY: bench-optim
-bench-optim: $(STAMP)  ## gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
+bench-optim: $(STAMP)  ## [develop] gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
 	$(PY) -m scripts.bench.bench_optim --out results/bench/optim.md
 
-gpu-check: $(STAMP)  ## on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
+gpu-check: $(STAMP)  ## [develop] on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
 	$(PY) -m scripts.bench.gpu_check
 
-logreg: $(STAMP)  ## one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
+logreg: $(STAMP)  ## [reproduce] one a5a run of Algorithm 1 (RandK 1%), into results/runs/example
 	@$(PY) -m experiments.logreg method=alg1 compressor=randk compressor.density=0.01 \
 	  method.q=0.1 method.B=4 method.beta=0.99 method.lr=0.01 steps=10000 seed=0 \
 	  hydra.run.dir=results/runs/example
 
-tune-fig2: $(STAMP)  ## re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
+tune-fig2: $(STAMP)  ## [study] re-tune every Fig. 2 a5a method (grids in configs/experiment/tune_fig2/), rewrite configs/tuned/
 	for m in gluon vr_marina ef21_muon alg1 alg2 alg3 alg4; do $(LOGREG_SWEEP) experiment=tune_fig2/$$m || exit 1; done
 	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg tune_fig2/gluon) --out $(TUNED_LOGREG) \
 	  --table results/tune_fig2/scores.csv
 
-tune-fig2-cnn: $(STAMP)  ## re-tune the CNN panel's methods on the CPU profile (seed 100), rewrite configs/tuned/fig2_cnn_cpu/
+tune-fig2-cnn: $(STAMP)  ## [study] re-tune the quick CNN profile's methods (CNN_PROFILE=cpu_quick; seed 100), rewrite configs/tuned/fig2_cnn_cpu/
 	for m in gluon alg1 alg2 ef21_muon; do $(CNN_SWEEP) experiment=tune_fig2_cnn/$$m || exit 1; done
 	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn tune_fig2_cnn/gluon) --out $(TUNED_CNN) \
 	  --metric loss --table results/tune_fig2_cnn/scores.csv
 
-fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
+fig2-logreg: $(STAMP)  ## [reproduce] Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, reduction table, figure
 	$(LOGREG_SWEEP) experiment=fig2_logreg
 	$(PY) -m scripts.figures.fig2 aggregate --task logreg
 	$(PY) -m scripts.figures.fig2 plot
@@ -97,7 +108,7 @@ fig2-logreg: $(STAMP)  ## Fig. 2 a5a panel: 7 tuned methods x 10 seeds, curves, 
 # are committed, so a clone reads them (recomputing them takes about 3.5 hours on 2 cores);
 # cpu_quick recomputes the panel at the settings before the study (B = 4, 3 seeds) in about 35 minutes.
 FIG2_CNN_EXPERIMENT = $(if $(filter cpu,$(CNN_PROFILE)),cnn_gap/panel,fig2_cnn_$(patsubst %_quick,%,$(CNN_PROFILE)))
-fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (paper scale with a GPU; else the CNN-gap study's CPU panel; CNN_PROFILE=paper|cpu|cpu_quick)
+fig2-cnn: $(STAMP)  ## [reproduce] Fig. 2 CNN panel (paper scale with a GPU; else the CNN-gap study's CPU panel; CNN_PROFILE=paper|cpu|cpu_quick)
 	$(CNN_SWEEP) experiment=$(FIG2_CNN_EXPERIMENT)
 	if [ "$(FIG2_CNN_EXPERIMENT)" != fig2_cnn_cpu ]; then \
 	  $(CNN_SWEEP) experiment=$(FIG2_CNN_EXPERIMENT) tuned=fig2_cnn_cpu/ef21_muon steps=60000 \
@@ -111,14 +122,14 @@ fig2-cnn: $(STAMP)  ## Fig. 2 CNN panel (paper scale with a GPU; else the CNN-ga
 # leaves its committed interval.
 VERIFY_DIR ?= results/runs/verify
 .PHONY: verify
-verify: $(STAMP)  ## regenerate Fig. 2's a5a panel in results/runs/verify/, check its reductions against the committed intervals (about 4 min on 2 cores)
+verify: $(STAMP)  ## [reproduce] regenerate Fig. 2's a5a panel in results/runs/verify/, check its reductions against the committed intervals (about 4 min on 2 cores)
 	$(LOGREG_SWEEP) experiment=fig2_logreg hydra.sweep.dir=$(VERIFY_DIR)/fig2_logreg
 	$(PY) -m scripts.analysis.verify --sweep $(VERIFY_DIR)/fig2_logreg --out $(VERIFY_DIR)/fig2
 
-fig2-plot: $(STAMP)  ## redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
+fig2-plot: $(STAMP)  ## [reproduce] redraw figures/fig2.{png,pdf} from the committed CSVs in results/fig2/
 	$(PY) -m scripts.figures.fig2 plot
 
-fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
+fig2: fig2-logreg fig2-cnn  ## [reproduce] the paper's main figure, both panels
 
 # What compression buys (docs/fair.md): Figure 2's methods against fair dense baselines
 # (large-batch Gluon, Local Gluon) and EF21-Muon re-tuned, read at equal uplink and at equal
@@ -128,14 +139,14 @@ fig2: fig2-logreg fig2-cnn  ## the paper's main figure, both panels
 FAIR_CAP_LOGREG = $$($(PY) -m scripts.figures.fair grads-cap --task logreg)
 FAIR_SELECT_LOGREG = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
 	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
-fair: $(STAMP)  ## what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
+fair: $(STAMP)  ## [study] what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
 	$(PY) -m scripts.figures.fair aggregate
 	$(PY) -m scripts.figures.fair plot
 
 # The equal-compute reading (fair_logreg/tune_compute_*, fair_logreg/compute) is not run here yet:
 # its budget, Alg. 1's gradient count at its tuned B = 1,024, is about 970,000 a worker, which
 # Gluon at B = 1 would take as many steps to spend (docs/fair.md, Status).
-fair-runs: $(STAMP)  ## the fair-baseline runs on a5a at equal uplink: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
+fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a at equal uplink: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
 	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 local_gluon local_gluon_edges \
 	         local_gluon_q0003 alg1 alg2 alg1_b1024; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
@@ -148,53 +159,53 @@ fair-runs: $(STAMP)  ## the fair-baseline runs on a5a at equal uplink: tuning gr
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1 compressor.density=0.001,0.1
 
 .PHONY: fig-cost shaped shaped-cnn
-fig-cost: $(STAMP)  ## Fig. 2's runs re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
+fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panel re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
 	$(PY) -m scripts.figures.cost all
 
-shaped: $(STAMP)  ## (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min, measured with the committed bench compute, see docs/cost.md)
+shaped: $(STAMP)  ## [study] (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min; docs/cost.md)
 	scripts/cluster/shaped_network.sh up
 	$(PY) -m scripts.bench.shaped measure --rates 100kbit 20mbit; rc=$$?; scripts/cluster/shaped_network.sh down; exit $$rc
 
-shaped-cnn: $(STAMP)  ## (root) the same for the CNN's quick CPU profile (B = 4), to its Gluon's final loss (results/cost/shaped_cnn.csv; 40 min on the idle machine)
+shaped-cnn: $(STAMP)  ## [study] (root) the same for the CNN's quick CPU profile (B = 4), to its Gluon's final loss (results/cost/shaped_cnn.csv; 40 min on the idle machine)
 	scripts/cluster/shaped_network.sh up
 	$(PY) -m scripts.bench.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; scripts/cluster/shaped_network.sh down; exit $$rc
 
-fig3: $(STAMP)  ## Alg. 1: sync probability q x RandK density (App. G)
+fig3: $(STAMP)  ## [reproduce] Alg. 1: sync probability q x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-fig4: $(STAMP)  ## Alg. 1: large batch B x RandK density (App. G)
+fig4: $(STAMP)  ## [reproduce] Alg. 1: large batch B x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-fig6: $(STAMP)  ## Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G)
+fig6: $(STAMP)  ## [reproduce] Alg. 2 with TopK: B x density, against Alg. 1 with RandK (App. G)
 	$(LOGREG_SWEEP) experiment=fig4   # Alg. 1 with RandK, the dashed lines (Fig. 4's runs; skipped when done)
 	$(LOGREG_SWEEP) experiment=$@
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-fig5: $(STAMP)  ## Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig. 2)
+fig5: $(STAMP)  ## [reproduce] Alg. 1 learning rate x momentum (Alg. 1's tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) experiment=tune_fig2/alg1
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-fig7: $(STAMP)  ## VR-MARINA tuning (its tuning sweep of Fig. 2)
+fig7: $(STAMP)  ## [reproduce] VR-MARINA tuning (its tuning sweep of Fig. 2)
 	$(LOGREG_SWEEP) experiment=tune_fig2/vr_marina
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-fig8: $(STAMP)  ## App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 22 min on 2 cores)
+fig8: $(STAMP)  ## [reproduce] App. H: Alg. 1 on the CNN over q and lr (CPU profile, about 22 min on 2 cores)
 	$(CNN_SWEEP) experiment=$@
 	$(CNN_SWEEP) experiment=fig2_cnn_cpu tuned=fig2_cnn_cpu/gluon   # the q = 1 baseline (Fig. 2's runs; skipped when done)
 	$(PY) -m scripts.figures.ablation aggregate $@
 	$(PY) -m scripts.figures.ablation plot $@
 
-sbatch-preview: $(STAMP)  ## print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
+sbatch-preview: $(STAMP)  ## [operate] print the sbatch script of a sweep without a cluster: make sbatch-preview EXP=fig3
 	$(PY) -m experiments.run.sweep sbatch $(if $(filter fig8 fig2_cnn% tune_fig2_cnn%,$(EXP)),cnn launcher=slurm_gpu,logreg launcher=slurm) experiment=$(EXP)
 
-cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
+cnn-gap: $(STAMP)  ## [study] the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget, width ladder; skips finished runs (hours on 2 cores)
 	for m in gluon alg1 alg1_edges alg1_b64 alg2 alg2_beta; do $(CNN_SWEEP) experiment=cnn_gap/tune_$$m || exit 1; done
 	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn cnn_gap/tune_gluon) \
 	  --out configs/tuned/cnn_gap --metric loss \
@@ -219,7 +230,7 @@ cnn-gap: $(STAMP)  ## the CNN-gap study (docs/cnn_gap.md): tuning, panel, budget
 # on one GPU instead, every run of a condition at once. CNN_GAP_GPU picks the parts; MPS=0 shares
 # the GPU by time-slicing alone.
 CNN_GAP_GPU ?= width64 panel_gpu width64_lr
-cnn-gap-gpu: $(STAMP)  ## the CNN-gap study's width64, its GPU control and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
+cnn-gap-gpu: $(STAMP)  ## [study] the CNN-gap study's width64, its GPU control and lr check on one GPU, under CUDA MPS (docs/cnn_gap.md)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'error: no CUDA GPU is visible; make cnn-gap runs the whole study on the CPU')"
 	scripts/cluster/with_mps.sh $(MAKE) --no-print-directory cnn-gap-gpu-runs
 	$(PY) -m scripts.figures.cnn_gap aggregate
@@ -237,16 +248,16 @@ ifneq ($(filter width64_lr,$(CNN_GAP_GPU)),)
 endif
 
 .PHONY: summarize
-summarize: $(STAMP)  ## table of every config in a sweep: make summarize SWEEP=results/sweeps/cnn_gap/panel
+summarize: $(STAMP)  ## [operate] table of every config in a sweep: make summarize SWEEP=results/sweeps/cnn_gap/panel
 	@test -n "$(SWEEP)" || { echo "usage: make summarize SWEEP=results/sweeps/<name> [ARGS='--metric loss --sort comm --per-run']" >&2; exit 2; }
 	$(PY) -m scripts.analysis.summarize $(SWEEP) $(ARGS)
 
-wandb-sync: $(STAMP)  ## upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
+wandb-sync: $(STAMP)  ## [operate] upload every offline W&B run under results/ (needs internet and WANDB_API_KEY)
 	$(VENV)/bin/wandb sync $$(find results -type d -name 'offline-run-*')
 
 .PHONY: test-slurm
-test-slurm: $(STAMP)  ## SLURM for real (root): one-node cluster here, installed if missing; sweep, requeue, re-run, srun
+test-slurm: $(STAMP)  ## [develop] SLURM for real (root): one-node cluster here, installed if missing; sweep, requeue, re-run, srun
 	scripts/cluster/slurm_cluster.sh run -- $(PY) -m pytest -q -m slurm tests/slurm
 
-clean:  ## remove raw run directories (keeps the committed summaries)
+clean:  ## [operate] remove raw run directories (keeps the committed summaries)
 	rm -rf results/runs results/sweeps outputs multirun
