@@ -22,6 +22,7 @@ TASK_MODULE = '''
 """Least squares on random data, split over the workers."""
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from hydra.core.config_store import ConfigStore
