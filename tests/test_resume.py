@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from experiments.run import lifecycle as runner
-from experiments.run.record import SignalGuard
+from experiments.run.checkpoint import SignalGuard
 from experiments.shared.runs import CHECKPOINT
 from experiments.run.config import validate
 from experiments.tasks import logreg as task
@@ -313,7 +313,7 @@ def test_a_checkpoint_of_an_earlier_version_is_refused_never_resumed_with_counts
     them wrong from then on): the run wing says what the checkpoint lacks and the run starts over,
     equal to the run made in one go; the library, handed such a state, refuses it."""
     from experiments.run.migrate import checkpoint_gap
-    from experiments.run.record import load_checkpoint
+    from experiments.run.checkpoint import load_checkpoint
     from gluon import make_compressor, simulate
     from gluon.worker import Worker
     overrides = ["method=alg1", "steps=300", "log_every=10", "checkpoint_every=100",

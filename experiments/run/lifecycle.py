@@ -5,7 +5,7 @@
    state (:mod:`experiments.run.resume`).
 2. :func:`_train`: train to the budget, logging rows, checkpointing every ``checkpoint_every``
    steps (0 = only on signals) and when SIGTERM/SIGINT/SIGUSR1/SIGUSR2 arrives
-   (:mod:`experiments.run.record`).
+   (:mod:`experiments.run.checkpoint`).
 3. :func:`_finish`: summary.json, the checkpoint kept (``keep_checkpoint``: the final state) or
    removed, and what killed checkpoint writes left behind.
 
@@ -48,9 +48,9 @@ from gluon import train
 from .world import World
 
 from .config import build_compressor, checked
-from .record import (CHECKPOINT_FORMAT, Progress, RunLog, SignalGuard, WandbError,
-                     checkpoint_leftovers, job_key, load_checkpoint, rng_state, save_checkpoint,
-                     set_rng_state)
+from .record import Progress, RunLog, WandbError
+from .checkpoint import (CHECKPOINT_FORMAT, SignalGuard, checkpoint_leftovers, job_key,
+                         load_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from .resume import damaged, extension, other_run, resumable
 from ..tasks import Built, ResolvedConfig
 from experiments.shared import runs

@@ -6,7 +6,7 @@
   launching, and the run again before it starts.
 * **A checkpoint of this run** (:func:`resumable`): every ``checkpoint_every`` steps and on
   SIGTERM/SIGINT/SIGUSR1/SIGUSR2 the state is written to ``<run_dir>/checkpoint.pt``
-  (:mod:`experiments.run.record`). A run that finds one written with the same config resumes
+  (:mod:`experiments.run.checkpoint`). A run that finds one written with the same config resumes
   from it bit-identically: same parameters, same metric rows, no row missing or repeated, as
   long as metrics.jsonl still starts with the rows the checkpoint was written after.
 * **A damaged finished run** (:func:`damaged`): "ok" and "diverged" are finished (a re-run skips
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from experiments.shared import runs
 from experiments.shared.files import atomic_write
-from .record import job_key, load_checkpoint
+from .checkpoint import job_key, load_checkpoint
 
 log = logging.getLogger("experiments.run")
 BUDGETS = ("max_comm", "steps", "max_grads")   # the keys an extension may raise
