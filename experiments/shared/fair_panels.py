@@ -34,7 +34,7 @@ PANELS = {"logreg": Panel("logreg", "a5a", "gap", "Logistic regression, a5a"),
           "cnn": Panel("cnn", "cnn", "loss", "CNN (airbench94 at 16/64/64), CIFAR-10")}
 DENSE = ("gluon", "large_batch_gluon", "local_gluon")    # the baselines that send no compression
 BASELINES = DENSE + ("ef21_muon",)
-METHODS = ("alg1", "alg2")                                  # what the decomposition reads
+METHODS = ("alg1", "alg2", "ef21_muon")                     # what the decomposition reads
 PANEL_DENSITY = 0.01     # Figure 2's RandK/TopK density; Alg. 1 at others is labelled by it
 LABELS = {"gluon": "Gluon, B = 1 (the paper's baseline)", "large_batch_gluon": "large-batch Gluon",
           "local_gluon": "Local Gluon (syncs only)", "ef21_muon": "EF21-Muon, TopK",

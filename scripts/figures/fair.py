@@ -148,6 +148,10 @@ def answer(rows: list[dict]) -> str:
                          f"B = 1 (the paper's baseline); against the best dense baseline, "
                          f"{SHORT[best]}, it {_against(top, what)}; against Local Gluon, which "
                          f"sends only the syncs, it {_against(local, what)}")
+            ef21 = get.get((task, reading, "ef21_muon", "gluon"))
+            if ef21 is not None and _num(ef21["reduction"]):
+                parts[-1] += (f"; EF21-Muon (TopK 1% with error feedback, B = 1), re-tuned, "
+                              f"{_against(ef21, what)} against Gluon at B = 1")
         out.append(f"**{task}**: " + ("; ".join(parts) + "." if parts else "pending."))
     return "\n\n".join(out)
 
