@@ -152,7 +152,8 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a at equal uplink: t
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1      # Alg. 1's gradient count: the cap
-	$(LOGREG_SWEEP) experiment=fair_logreg/tune_ef21_muon max_grads=$(FAIR_CAP_LOGREG)
+	for g in tune_ef21_muon tune_ef21_muon_edges; do \
+	  $(LOGREG_SWEEP) experiment=fair_logreg/$$g max_grads=$(FAIR_CAP_LOGREG) || exit 1; done
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/ef21_muon steps=200000 max_grads=$(FAIR_CAP_LOGREG)
