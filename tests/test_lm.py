@@ -1,0 +1,291 @@
+"""The character-level language model task (docs/lm.md): the model, its LMOs, the workers' data,
+the evaluation, and the run's behaviour (determinism, resume, refusals). A tiny GPT throughout."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.run import lifecycle as runner
+from experiments.run.config import ConfigError, validate
+from experiments.run.lifecycle import execute
+from experiments.shared.files import REPO
+from experiments.shared.runs import read_summary
+from experiments.tasks import DataCorruptError, DataNotFoundError, lm, resolved, shakespeare
+from experiments.tasks.gpt import GPT, GPTShape
+from experiments.tasks.shakespeare import Text, shard_ranges, unigram_kl
+from gluon.lmo import RMS, Sign, Spectral, assign_lmos
+from tests.conftest import compose_config, metrics_bytes, stopping_train, untimed
+
+TINY = ["profile=lm/cpu", "task.n_layer=1", "task.n_head=2", "task.n_embd=16",
+        "task.block_size=16", "batch_size=4", "task.eval_train=8", "task.eval_val=8",
+        "wandb.mode=disabled", "progress_s=0"]
+
+
+def cfg_for(*overrides):
+    return compose_config("lm", *TINY, *overrides)
+
+
+def positional_text(n: int = 4000) -> Text:
+    """A "text" whose every token is its own position: windows show where they were cut."""
+    return Text(torch.arange(n), "".join(chr(0x100 + i) for i in range(n)), "positions", "-")
+
+
+def built(*overrides, text=None):
+    cfg = resolved(cfg_for(*overrides))
+    return lm.build(cfg, validate(cfg, lm), text=text)
+
+
+# ------------------------------------------------------------------ the model
+
+def reference_logits(model: GPT, idx):
+    """nanoGPT's forward written out: LayerNorm, per-head causal softmax attention, exact GELU,
+    tied head (no dropout)."""
+    s, tr = model.shape, model.transformer
+
+    def ln(x, mod):
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        return (x - mu) / torch.sqrt(var + 1e-5) * mod.weight + (0 if mod.bias is None else mod.bias)
+
+    b, t = idx.shape
+    x = tr.wte.weight[idx] + tr.wpe.weight[:t]
+    hd = s.n_embd // s.n_head
+    mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+    for block in tr.h:
+        a, h = block.attn, ln(x, block.ln_1)
+        q, k, v = (h @ lin.weight.T for lin in (a.c_q, a.c_k, a.c_v))
+        heads = []
+        for j in range(s.n_head):
+            sl = slice(j * hd, (j + 1) * hd)
+            att = (q[..., sl] @ k[..., sl].transpose(1, 2)) / math.sqrt(hd)
+            heads.append(torch.softmax(att.masked_fill(mask, -math.inf), -1) @ v[..., sl])
+        x = x + torch.cat(heads, -1) @ a.c_proj.weight.T
+        u = ln(x, block.ln_2) @ block.mlp.c_fc.weight.T
+        x = x + (0.5 * u * (1 + torch.erf(u / math.sqrt(2)))) @ block.mlp.c_proj.weight.T
+    return ln(x, tr.ln_f) @ tr.wte.weight.T
+
+
+def test_the_forward_is_nanogpts_written_out():
+    torch.manual_seed(0)
+    model = GPT(GPTShape(vocab=11, block_size=8, n_layer=2, n_head=2, n_embd=12)).eval()
+    for p in model.parameters():                     # every weight away from its initialisation
+        p.data.add_(0.1 * torch.randn_like(p))
+    idx = torch.randint(11, (3, 8))
+    assert torch.allclose(model(idx), reference_logits(model, idx), atol=1e-5)
+    assert model.lm_head.weight is model.transformer.wte.weight      # tied, counted once
+    assert sum(p.numel() for p in model.parameters()) == 11 * 12 + 8 * 12 + 2 * (12 * 12 * 12 + 2 * 12) + 12
+    with pytest.raises(ValueError, match="context"):
+        model(torch.randint(11, (1, 9)))
+
+
+# ------------------------------------------------------------------ the LMOs
+
+def test_every_parameter_gets_scions_nanogpt_lmo_and_radius():
+    """Spectral (1x) on every hidden matrix, sign (1/d_in) at 60x on the tied embedding and head,
+    RMS (1x) on the position embedding, the LayerNorm gains and biases and the Linear biases."""
+    b = built("task.n_layer=2", "task.bias=true")
+    expect = {"transformer.wte.weight": "Sign() x60", "transformer.wpe.weight": "RMS() x1",
+              "transformer.ln_f.weight": "RMS() x1", "transformer.ln_f.bias": "RMS() x1"}
+    for i in range(2):
+        h = f"transformer.h.{i}."
+        for m in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            expect[h + m + ".weight"] = "Spectral(ns_steps=5, scale=True) x1"
+            expect[h + m + ".bias"] = "RMS() x1"
+        for ln in ("ln_1", "ln_2"):
+            expect[h + ln + ".weight"] = expect[h + ln + ".bias"] = "RMS() x1"
+    assert b.summary["lmo"] == expect
+    # the embedding's step is Scion's Sign: (1/d_in) sign(g), d_in the width (g: vocab x width)
+    blocks = b.method.update.blocks
+    g = torch.randn(65, 16)
+    assert isinstance(blocks[0].lmo, Sign)
+    assert torch.equal(blocks[0].lmo(g), -torch.sign(g) / 16)
+    # the radius scale is a setting; the config's own rules come first
+    cfg = resolved(cfg_for())
+    named = [(n, p.shape) for n, p in lm.make_model(cfg.task, 65).named_parameters()]
+    rules = lm.lmo_rules(30.0, first=[("wpe", "sign", 2.0)])
+    got = {bl.name: (type(bl.lmo), bl.scale) for bl in assign_lmos(named, rules)}
+    assert got["transformer.wte.weight"] == (Sign, 30.0)
+    assert got["transformer.wpe.weight"] == (Sign, 2.0)
+    assert got["transformer.h.0.mlp.c_fc.weight"] == (Spectral, 1.0)
+    assert got["transformer.ln_f.weight"] == (RMS, 1.0)
+
+
+# ------------------------------------------------------------------ the workers' data
+
+@pytest.mark.parametrize("split", ["iid", "plays"])
+def test_windows_stay_in_their_range_and_never_touch_the_validation_text(split):
+    text = positional_text()
+    b = built(f"task.split={split}", text=text)
+    n_train, T = text.n_train, 16
+    ranges = shard_ranges(n_train, 4, split)
+    seen = []
+    for w in b.method.workers:
+        x, y, seed = w.oracle.sample(w.gen, batches=50)
+        lo, hi = ranges[w.rank]
+        assert seed is None and x.shape == y.shape == (200, T)
+        assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, 0], x[:, 0] + 1)
+        assert int(x.min()) >= lo and int(y.max()) < hi <= n_train
+        seen.append(set(x[:, 0].tolist()))
+    if split == "plays":                   # contiguous, equal, disjoint quarters of the training text
+        assert ranges == [(i * (n_train // 4), (i + 1) * (n_train // 4)) for i in range(4)]
+        assert all(not (seen[i] & seen[j]) for i in range(4) for j in range(i))
+    else:
+        assert ranges == [(0, n_train)] * 4
+    ev = b.evaluate
+    assert int(ev.train[1].max()) < n_train                       # training windows: train text
+    assert int(ev.val[0].min()) >= n_train and int(ev.full[0].min()) >= n_train
+    full = ev.full[1].flatten()                    # every validation target once, in order
+    assert torch.equal(full, torch.arange(n_train + 1, n_train + 1 + len(full)))
+    assert len(text.tokens) - (n_train + 1 + len(full)) < T
+
+
+def test_shard_kl_is_the_unigram_kl_to_the_whole():
+    tokens = torch.tensor([0, 0, 1, 2, 1, 1, 2, 2])
+    ranges = [(0, 4), (4, 8)]
+    p = torch.tensor([2, 3, 3]) / 8.0
+    q0 = torch.tensor([2, 1, 1]) / 4.0
+    q1 = torch.tensor([0, 2, 2]) / 4.0
+    want = [float((q0 * (q0 / p).log()).sum()), float((q1[1:] * (q1[1:] / p[1:]).log()).sum())]
+    assert unigram_kl(tokens, ranges, 3) == pytest.approx(want)
+    assert unigram_kl(tokens, [(0, 8)] * 2, 3) == [0.0, 0.0]
+
+
+# ------------------------------------------------------------------ evaluation and determinism
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_is_deterministic_for_its_seed_and_logs_the_validation_loss(tmp_path):
+    over = ["method=alg1", "compressor.density=0.05", "method.B=2", "method.q=0.5", "steps=6",
+            "method.lr=0.005",
+            "log_every=3", "checkpoint_every=0", f"results_dir={tmp_path}"]
+    a = execute(cfg_for(*over), tmp_path / "a", lm)
+    b = execute(cfg_for(*over), tmp_path / "b", lm)
+    c = execute(cfg_for(*over, "seed=1"), tmp_path / "c", lm)
+    assert a["status"] == "ok" and metrics_bytes(tmp_path / "a") == metrics_bytes(tmp_path / "b")
+    assert metrics_bytes(tmp_path / "a") != metrics_bytes(tmp_path / "c")
+    rows = rows_of(tmp_path / "a")
+    assert [r["step"] for r in rows] == [0, 3, 6]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["val_loss"]) for r in rows)
+    assert "val_loss_full" not in rows[1] and untimed(a["final"]) == untimed(rows[-1])
+    full = a["final"]["val_loss_full"]          # the whole validation text: near the 8 windows'
+    assert 0 < full < math.log(65) + 0.5 and abs(full - rows[-1]["val_loss"]) < 0.2, rows[-1]
+    assert a["eval"]["val_full_targets"] == (111_540 - 1) // 16 * 16
+    assert a["shards"][0]["kl_nats"] == 0.0 and a["data_sha256"] == shakespeare.SHA256
+
+
+def test_plays_shards_differ_from_the_whole_and_a_dropout_minibatch_is_one_function():
+    b = built("task.split=plays", "task.dropout=0.5")
+    kls = [s["kl_nats"] for s in b.summary["shards"]]
+    assert all(k > 1e-3 for k in kls) and b.summary["shards"][3]["end"] <= 1_003_854
+    w = b.method.workers[0]
+    batch = w.oracle.sample(w.gen)
+    assert batch[2] is not None
+    params = b.method.params
+    moved = [p + 0.01 for p in params]
+    same = w.oracle.grad_diff(params, [p.clone() for p in params], batch)   # same point, same masks
+    assert all(float(d.abs().max()) == 0.0 for d in same)
+    d1, d2 = (w.oracle.grad_diff(params, moved, batch) for _ in range(2))
+    assert all(torch.equal(a, c) for a, c in zip(d1, d2))
+
+
+# ------------------------------------------------------------------ the run folder
+
+def test_an_interrupted_run_resumes_bit_identically(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="experiments")
+    over = ["method=alg2", "compressor=topk", "compressor.density=0.05", "method.B=2",
+            "method.q=0.3", "steps=12", "log_every=2", "checkpoint_every=4",
+            "keep_checkpoint=true", f"results_dir={tmp_path}"]
+    execute(cfg_for(*over), tmp_path / "ref", lm)
+    real = runner.train
+    monkeypatch.setattr(runner, "train", stopping_train(real, 6))     # after the checkpoint at 4
+    with pytest.raises(KeyboardInterrupt):
+        execute(cfg_for(*over), tmp_path / "run", lm)
+    assert read_summary(tmp_path / "run") is None
+    monkeypatch.setattr(runner, "train", real)
+    execute(cfg_for(*over), tmp_path / "run", lm)
+    assert "[resume]" in caplog.text
+    assert metrics_bytes(tmp_path / "ref") == metrics_bytes(tmp_path / "run")
+    ref, run = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["method"]
+                for d in ("ref", "run"))
+    for key in ("params", "prev", "g", "M"):
+        assert all(torch.equal(x, y) for x, y in zip(ref[key], run[key])), key
+    # a damaged record is found and recomputed
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 99}\n')
+    execute(cfg_for(*over), tmp_path / "run", lm)
+    assert "[damaged]" in caplog.text
+    assert metrics_bytes(tmp_path / "ref") == metrics_bytes(tmp_path / "run")
+
+
+# ------------------------------------------------------------------ refusals
+
+@pytest.mark.parametrize("override,message", [
+    ("task.split=dirichlet", "task.split=dirichlet: choose one of iid, plays"),
+    ("task.n_head=3", "task.n_embd=16: must be a multiple of task.n_head=3"),
+    ("task.dropout=1.5", "task.dropout=1.5: must be in [0, 1)"),
+    ("task.block_size=0", "task.block_size=0: must be >= 1"),
+    ("task.embed_scale=0", "task.embed_scale=0.0: must be > 0"),
+    ("task.lmo_rules=[[wpe,nuclear,1.0]]", "task.lmo_rules: ['wpe', 'nuclear', 1.0] is not"),
+    ("+task.vocab=100", "+task.vocab: no such key"),
+    ("device=gpu", "device=gpu: must be auto, cpu, cuda"),
+])
+def test_bad_settings_are_refused_before_any_data(override, message):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_for(override), lm)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_too_many_workers_for_the_plays_split_is_refused():
+    validate(cfg_for("task.split=iid", "n_workers=100000"), lm)
+    with pytest.raises(ConfigError, match="too few for windows"):
+        validate(cfg_for("task.split=plays", "n_workers=100000"), lm)
+
+
+def test_missing_or_other_data_is_refused_naming_where_it_looked(tmp_path, monkeypatch):
+    real = shakespeare.locate()[0]
+    monkeypatch.delenv("GLUON_DATA_DIR", raising=False)      # data_dir is the only place looked
+    cfg = resolved(cfg_for(f"data_dir={tmp_path}", "task.download=false"))
+    with pytest.raises(DataNotFoundError) as err:
+        lm.check_data(cfg)
+    first, fix = str(err.value).split("\n")
+    assert str(tmp_path / "text" / "tinyshakespeare.txt") in first and "download disabled" in first
+    assert shakespeare.URL in fix
+    assert lm.data_identity(cfg) is None
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "tinyshakespeare.txt").write_text("To be, or not to be\n")
+    with pytest.raises(DataCorruptError, match="is not Tiny Shakespeare's"):
+        lm.check_data(cfg)
+    # a download is checked before it is written
+    cfg = resolved(cfg_for(f"data_dir={tmp_path / 'fresh'}"))
+    (tmp_path / "fresh").mkdir()
+    for payload, ok in ((b"not the text", False), (real.read_bytes() if real else None, True)):
+        if payload is None:
+            continue
+        monkeypatch.setattr(shakespeare.urllib.request, "urlopen",
+                            lambda url, timeout: io.BytesIO(payload))
+        if ok:
+            lm.check_data(cfg)
+            assert lm.data_identity(cfg) == shakespeare.SHA256
+        else:
+            with pytest.raises(DataCorruptError, match="nothing was written"):
+                lm.check_data(cfg)
+            assert not (tmp_path / "fresh" / "text").exists()
+
+
+def test_the_command_line_refuses_in_one_line():
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "experiments.lm", *TINY, "task.split=speakers"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: task.split=speakers: choose one of iid, plays"
