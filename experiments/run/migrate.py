@@ -166,7 +166,7 @@ def checkpoint_gap(payload: dict) -> str | None:
     and the compute time (``compute_s``). Neither the checkpoint nor the rows written before it
     hold their values at its step, so it cannot be brought up to date; resuming it with the
     counts restarted at 0 would log wrong columns from then on (and stop a ``max_grads`` budget
-    late). :func:`experiments.run.record.load_checkpoint` refuses it (the run starts over)."""
+    late). :func:`experiments.run.checkpoint.load_checkpoint` refuses it (the run starts over)."""
     from gluon.comm import TRAFFIC
     method = payload.get("method") or {}
     lacks = []

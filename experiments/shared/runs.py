@@ -30,7 +30,7 @@ Statuses (:func:`status`):
 * ``damaged``: summary.json says finished, but metrics.jsonl is missing, cut, garbled or edited
   (its row count or hash differ from the summary's), or summary.json itself cannot be read. A
   re-run says so in one line and recomputes the run, or resumes it from a checkpoint whose rows
-  are intact (a run of another config is refused such a folder: the lifecycle's ``other_run``).
+  are intact (a run of another config is refused such a folder: ``experiments.run.resume.other_run``).
 * ``failed``: the run raised an exception (summary.json has the traceback); a re-run starts over.
 * ``running``: another process holds the folder's lock.
 * ``interrupted``: a checkpoint and no summary (preempted, killed): a re-run resumes.
