@@ -171,6 +171,47 @@ shaped-cnn: $(STAMP)  ## [study] (root) the same for the CNN's quick CPU profile
 	scripts/cluster/shaped_network.sh up
 	$(PY) -m scripts.bench.shaped measure --task cnn --rates 3mbit 100mbit; rc=$$?; scripts/cluster/shaped_network.sh down; exit $$rc
 
+# The LM study (docs/lm.md): a character-level GPT on Tiny Shakespeare, on the CPU profile
+# (nanoGPT's CPU shape) to an uplink budget of 200, for each worker split (LM_SPLITS): the tuning
+# grids (seeds 100, 101), the tuned settings (configs/tuned/lm_<split>/), EF21-Muon's grid capped
+# at Alg. 1's gradient evaluations, then the 5-seed panel. Runs JOBS at a time, like the CNN's.
+.PHONY: bench-lm lm lm-runs fig-lm lm-reference
+LM_SPLITS ?= iid plays
+LM_SWEEP = $(PY) -m experiments.lm -m launcher=$(CNN_LAUNCHER)
+# $(1): the split, $(2): its tuning grids' folder under configs/experiment/ (lm, lm/plays)
+LM_SELECT = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir lm \
+	  $(2)/tune_gluon) --out configs/tuned/lm_$(1) --metric val_loss --table results/lm/tune_scores_$(1).csv
+# One example run: nanoGPT's shakespeare_char GPU shape when a GPU is visible, else the CPU profile.
+LM_PROFILE ?= $(shell $(PY) -c "import torch; print('lm/paper' if torch.cuda.is_available() else 'lm/cpu')" 2>/dev/null || echo lm/cpu)
+bench-lm: $(STAMP)  ## [develop] LM step time on CPU, where it goes, and the uplink budget an Alg. 1 run fits in 30 minutes of one core (results/bench/lm.md)
+	$(PY) -m scripts.bench.bench_lm --out results/bench/lm.md
+
+lm: $(STAMP)  ## [study] one LM run of Algorithm 1 (RandK 1%, B = 16) to 20 units of uplink (paper profile with a GPU, else the CPU profile), into results/runs/lm_example
+	@$(PY) -m experiments.lm profile=$(LM_PROFILE) method=alg1 compressor=randk compressor.density=0.01 \
+	  method.q=0.1 method.B=16 method.lr=0.001 max_comm=20 seed=0 hydra.run.dir=results/runs/lm_example
+
+lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and the 5-seed panel per worker split; skips finished runs (days of CPU on 2 cores)
+	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
+	  for m in gluon alg1 alg2 large_batch_gluon local_gluon; do \
+	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
+	  $(call LM_SELECT,$$s,$$t) || exit 1; \
+	  $(LM_SWEEP) experiment=$$t/tune_ef21_muon \
+	    max_grads=$$($(PY) -m scripts.figures.lm grads-cap --split $$s --from tune) || exit 1; \
+	  $(call LM_SELECT,$$s,$$t) || exit 1; \
+	  $(LM_SWEEP) experiment=lm/panel_$$s || exit 1; \
+	  $(LM_SWEEP) experiment=lm/panel_$$s tuned=lm_$$s/ef21_muon \
+	    max_grads=$$($(PY) -m scripts.figures.lm grads-cap --split $$s) || exit 1; \
+	done
+
+fig-lm: $(STAMP)  ## [study] the LM figure from the committed runs: figures/fig_lm.png, results/lm/reduction.{csv,md} (docs/lm.md)
+	$(PY) -m scripts.figures.lm aggregate
+	$(PY) -m scripts.figures.lm plot
+
+lm-reference: $(STAMP)  ## [study] the LM's dense AdamW reference, at the study's token budget and at nanoGPT's CPU example (results/lm/adamw_*.json; minutes)
+	$(PY) -m scripts.analysis.lm_reference --preset budget
+	$(PY) -m scripts.analysis.lm_reference --preset nanogpt
+	$(PY) -m scripts.analysis.lm_shards --out results/lm/shards.md
+
 fig3: $(STAMP)  ## [reproduce] Alg. 1: sync probability q x RandK density (App. G)
 	$(LOGREG_SWEEP) experiment=$@
 	$(PY) -m scripts.figures.ablation aggregate $@

@@ -20,7 +20,8 @@ from experiments.run.config import ConfigError, validate
 from experiments.run.lifecycle import execute
 from experiments.shared.files import REPO
 from experiments.shared.runs import read_summary
-from experiments.tasks import DataCorruptError, DataNotFoundError, lm, resolved, shakespeare
+from experiments.tasks import (DataCorruptError, DataNotFoundError, ResolvedConfig, lm,
+                               shakespeare)
 from experiments.tasks.gpt import GPT, GPTShape
 from experiments.tasks.shakespeare import Text, shard_ranges, unigram_kl
 from gluon.lmo import RMS, Sign, Spectral, assign_lmos
@@ -33,6 +34,11 @@ TINY = ["profile=lm/cpu", "task.n_layer=1", "task.n_head=2", "task.n_embd=16",
 
 def cfg_for(*overrides):
     return compose_config("lm", *TINY, *overrides)
+
+
+def resolved(cfg):
+    """A composed config as a task receives it: resolved once, read-only."""
+    return ResolvedConfig.of(cfg).cfg
 
 
 def positional_text(n: int = 4000) -> Text:
@@ -289,3 +295,40 @@ def test_the_command_line_refuses_in_one_line():
                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: task.split=speakers: choose one of iid, plays"
+
+
+# ------------------------------------------------------------------ the figure's script
+
+def fake_panel_run(root: Path, method: str, seed: int, losses, grads_per_row: float, **method_kw):
+    d = root / method / f"seed={seed},{'-'.join(map(str, method_kw.values()))}"
+    d.mkdir(parents=True)
+    config = {"method": {"name": method, **method_kw}, "compressor": {"name": "randk"},
+              "seed": seed, "max_comm": float(len(losses) - 1), "task": {"name": "lm"}}
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "config": config,
+                                                "train_time": 1.0, "n_params": 10}))
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "comm": float(i), "bytes": 4.0 * i, "grads": grads_per_row * i,
+                    "loss": v, "val_loss": v}) + "\n" for i, v in enumerate(losses)))
+
+
+def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(tmp_path):
+    from scripts.figures import lm as fig
+    panel, tune = tmp_path / "panel", tmp_path / "tune"
+    for seed in (0, 1, 2):
+        fake_panel_run(panel, "gluon", seed, [4.0 - 0.1 * i for i in range(21)], 1.0, lr=0.02)
+        fake_panel_run(panel, "alg1", seed, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10,
+                       30.0 + seed, lr=0.001, B=16)
+    out = tmp_path / "out"
+    assert fig.aggregate("iid", str(panel), out)
+    rows = [r for r in fig.read_csv(out / "reduction.csv") if r["level"] == "baseline_final"
+            and r["metric"] == "smoothed_first_hit" and r["method"] == "alg1"]
+    assert rows and rows[0]["task"] == "lm_iid" and rows[0]["baseline"] == "gluon"
+    assert rows[0]["reduction"] > 0.4                  # Alg. 1 reaches Gluon's level in half
+    assert fig.grads_cap("iid", sweep=str(panel)) == pytest.approx(20 * 31.0)
+    for B, g in ((4, 10.0), (16, 40.0)):
+        fake_panel_run(tune, "alg1", 100, [3.0] * 21, g, lr=0.001, B=B)
+    tuned = tmp_path / "alg1.yaml"
+    tuned.write_text("method:\n  name: alg1\n  lr: 0.001\n  B: 16\n")
+    assert fig.grads_cap("iid", "tune", str(tune), tuned) == pytest.approx(20 * 40.0)
+    fig.plot(out, tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 10_000

@@ -1,0 +1,204 @@
+"""The LM study's figure (docs/lm.md): validation loss against uplink, one panel per worker
+split, with Figure 2's statistic (docs/statistics.md), and its reduction table.
+
+    python -m scripts.figures.lm aggregate          # each split's panel runs -> results/lm/
+    python -m scripts.figures.lm plot               # results/lm/*_curves.csv -> figures/fig_lm.png
+    python -m scripts.figures.lm grads-cap --split iid [--from tune]   # EF21-Muon's compute cap
+
+``aggregate`` reads the runs of ``configs/experiment/lm/panel_<split>.yaml``'s sweep (or
+``--sweep DIR`` for one ``--split``) and writes, per split, the curves over seeds
+(``<split>_curves.csv``: the smoothed statistic with its bootstrap band, the raw mean), the
+settings and final values (``<split>_settings.json``, ``<split>_final.md``) and the split's rows
+of the reduction table (``reduction.{csv,md}``: every method's uplink to reach each fixed level
+and each dense baseline's final level, the reduction with its paired bootstrap and t-intervals).
+``plot`` redraws the figure from those files alone. ``grads-cap`` prints the mean gradient
+evaluations per worker of Alg. 1's runs (of the panel, or of the tuning grid at Alg. 1's tuned
+point): the ``max_grads`` EF21-Muon runs to, so that it costs what Alg. 1 costs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from experiments.shared.configs import CONFIGS, sweep_dir
+from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, order
+from experiments.shared.fig2_panels import budget_of
+from experiments.shared.files import atomic_write_text
+from experiments.shared.plotting import band_curve, log_axes
+from experiments.shared.statistics import (group_runs, load_runs, reduction_rows,
+                                           smoothed_curves, window_of)
+from experiments.shared.tables import read_csv, write_csv, write_table
+
+SPLITS = ("iid", "plays")
+OUT = Path("results/lm")
+FIG = Path("figures/fig_lm.png")
+METRIC = "val_loss"
+EPS = [2.4, 2.2, 2.0]          # fixed validation-loss levels, beside the baselines' final levels
+SPLIT_TITLE = {"iid": "iid: every worker samples the whole training text",
+               "plays": "plays: worker tau owns the tau-th contiguous part"}
+
+
+def panel(split: str) -> str:
+    return f"lm/panel_{split}"
+
+
+def tuning(split: str) -> str:
+    return "lm/tune_gluon" if split == "iid" else f"lm/{split}/tune_gluon"
+
+
+def _by_method(runs, root) -> dict[str, list]:
+    out = {}
+    for group in group_runs(runs).values():
+        name = group[0].config["method"]["name"]
+        if name in out:
+            raise SystemExit(f"two different {name} settings under {root}: remove the stale runs "
+                             "and rerun")
+        out[name] = sorted(group, key=lambda r: r.config["seed"])
+    return dict(sorted(out.items(), key=lambda kv: order(kv[0])))
+
+
+def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
+    """One split's curves, settings, final values and reduction rows; False when it has no
+    finished runs yet."""
+    root = Path(sweep) if sweep else sweep_dir("lm", panel(split))
+    runs = load_runs(root) if root.exists() else []
+    if not runs:
+        print(f"[{split}] no finished runs under {root}: make lm-runs")
+        return False
+    by_method = _by_method(runs, root)
+    budget = budget_of(runs, root)
+    window = window_of(budget)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(smoothed_curves(by_method, METRIC, budget, window), out / f"{split}_curves.csv")
+    rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
+                          baselines=[b for b in BASELINES if b in by_method], task=f"lm_{split}")
+    write_table(rows, out / "reduction.csv", out / "reduction.md", replace_task=f"lm_{split}")
+    settings = {}
+    for m, g in by_method.items():
+        s0 = g[0].summary
+        settings[m] = {"method": {k: v for k, v in g[0].config["method"].items() if v is not None},
+                       "compressor": {k: v for k, v in g[0].config["compressor"].items()
+                                      if v is not None},
+                       "seeds": [r.config["seed"] for r in g], "budget": budget, "window": window,
+                       "end_comm": round(float(np.mean([r.rows[-1]["comm"] for r in g])), 3),
+                       **({"max_grads": g[0].config["max_grads"]}
+                          if g[0].config.get("max_grads") else {}),
+                       "split": split, "n_params": s0.get("n_params"), "model": s0.get("model"),
+                       "data": s0.get("data"), "train_time_s": round(
+                           sum(r.summary.get("train_time", 0.0) for r in g), 1)}
+    atomic_write_text(out / f"{split}_settings.json", json.dumps(settings, indent=2) + "\n")
+    atomic_write_text(out / f"{split}_final.md", final_table(by_method))
+    print((out / f"{split}_final.md").read_text())
+    return True
+
+
+def final_table(by_method: dict) -> str:
+    """Last values per method, mean +- population std over seeds."""
+    lines = ["| method | seeds | final val_loss (fixed windows) | whole validation text | "
+             "training loss | uplink at the end | gradients per worker | steps |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ms(values, digits=4):
+        v = np.array([x for x in values if x is not None], dtype=float)
+        return f"{v.mean():.{digits}g} +- {v.std():.2g}" if v.size else "-"
+
+    for m, g in by_method.items():
+        last = [r.rows[-1] for r in g]
+        lines.append(f"| {m} | {len(g)} | {ms([x[METRIC] for x in last])} | "
+                     f"{ms([x.get('val_loss_full') for x in last])} | "
+                     f"{ms([x.get('loss') for x in last])} | {np.mean([x['comm'] for x in last]):.1f} | "
+                     f"{np.mean([x['grads'] for x in last]):.0f} | "
+                     f"{np.mean([x['step'] for x in last]):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SPLITS), figsize=(12, 4.6), sharey=True)
+    for ax, split in zip(axes, SPLITS):
+        path, meta = out / f"{split}_curves.csv", out / f"{split}_settings.json"
+        settings = json.loads(meta.read_text()) if meta.exists() else {}
+        info = next(iter(settings.values()), {})
+        shape = info.get("model") or {}
+        size = (f", GPT {shape.get('n_layer')}x{shape.get('n_embd')}, context "
+                f"{shape.get('block_size')}" if shape else "")
+        ax.set_title(f"Tiny Shakespeare{size}\n{SPLIT_TITLE[split]}", fontsize=9.5)
+        ax.set_xlabel("uplink communication per worker (dense gradients)")
+        ax.set_ylabel("validation loss (fixed windows)")
+        rows = read_csv(path) if path.exists() else []
+        if not rows:
+            ax.text(0.5, 0.5, "no results yet:\nmake lm-runs", ha="center", va="center",
+                    transform=ax.transAxes)
+            continue
+        for m in sorted({r["label"] for r in rows}, key=order):
+            rs = [r for r in rows if r["label"] == m]
+            end = settings.get(m, {})
+            text = LABELS.get(m, m) + (f", stopped at {end['max_grads']:,.0f} gradients per "
+                                       "worker (Alg. 1's)" if end.get("max_grads") else "")
+            line = band_curve(ax, rs, "comm", "--" if m in BASELINES else "-", lw=1.6,
+                              color=f"C{ORDER.index(m) if m in ORDER else 9}", label=text)
+            if end.get("end_comm", math.inf) < 0.99 * end.get("budget", 0):
+                ax.plot([rs[-1]["comm"]], [rs[-1]["smoothed"]], "|", ms=10, color=line.get_color())
+        log_axes(ax, int(rows[0]["seeds"]), info.get("window", "?"), fontsize=7,
+                 tail=";\nthin: unsmoothed; | : the run's compute cap")
+    fig.tight_layout()
+    fig_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(fig_path, dpi=150, metadata={"Software": None})   # same results, same file
+    print(f"wrote {fig_path}")
+
+
+def grads_cap(split: str, source: str = "panel", sweep: str | None = None,
+              tuned: Path | None = None) -> float:
+    """Mean gradient evaluations per worker of Alg. 1's finished runs: the panel's, or the
+    tuning grid's at the point ``configs/tuned/lm_<split>/alg1.yaml`` chose."""
+    root = Path(sweep) if sweep else sweep_dir("lm", panel(split) if source == "panel"
+                                               else tuning(split))
+    runs = [r for r in (load_runs(root) if root.exists() else [])
+            if r.config["method"]["name"] == "alg1"]
+    if source == "tune":
+        path = tuned or CONFIGS / "tuned" / f"lm_{split}" / "alg1.yaml"
+        want = (yaml.safe_load(path.read_text()) or {}).get("method", {})
+        runs = [r for r in runs if all(r.config["method"].get(k) == v for k, v in want.items())]
+    if not runs:
+        raise SystemExit(f"error: no finished Alg. 1 runs under {root}"
+                         + (" at its tuned point" if source == "tune" else "")
+                         + ": run them first (make lm-runs)")
+    return float(np.mean([r.rows[-1]["grads"] for r in runs]))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=["aggregate", "plot", "grads-cap"])
+    p.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS)
+    p.add_argument("--sweep", default=None, help="the runs' folder (with one --split)")
+    p.add_argument("--from", dest="source", choices=["panel", "tune"], default="panel")
+    p.add_argument("--tuned", default=None, help="grads-cap --from tune: Alg. 1's tuned config")
+    p.add_argument("--out", default=str(OUT), help="the tables' folder")
+    p.add_argument("--fig", default=str(FIG))
+    args = p.parse_args(argv)
+    if args.sweep and len(args.split) != 1:
+        raise SystemExit("error: --sweep reads one split's runs: give one --split")
+    if args.command == "aggregate":
+        done = [s for s in args.split if aggregate(s, args.sweep, Path(args.out))]
+        if done and (Path(args.out) / "reduction.md").exists():
+            print((Path(args.out) / "reduction.md").read_text())
+    elif args.command == "plot":
+        plot(Path(args.out), Path(args.fig))
+    else:
+        if len(args.split) != 1:
+            raise SystemExit("error: grads-cap is one split's: give one --split")
+        cap = grads_cap(args.split[0], args.source, args.sweep,
+                        Path(args.tuned) if args.tuned else None)
+        print(f"{cap:.0f}")
+
+
+if __name__ == "__main__":
+    main()
