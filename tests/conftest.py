@@ -12,6 +12,15 @@ from experiments.shared.files import REPO
 CONFIGS = REPO / "configs"
 
 
+def entry_point_of(experiment: str) -> str:
+    """The entry point an experiment config belongs to: a task's own folder names it (lm/...),
+    else the CNN's configs say cnn (or are Figure 8), else logistic regression."""
+    top = experiment.split("/")[0]
+    if (CONFIGS / f"{top}.yaml").is_file():
+        return top
+    return "cnn" if "cnn" in experiment or experiment == "fig8" else "logreg"
+
+
 def stopping_train(train, step: int):
     """``train`` that raises KeyboardInterrupt right after ``step`` (an in-process kill)."""
     def stopping(method, steps, **kw):

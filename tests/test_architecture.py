@@ -296,10 +296,9 @@ def test_a_sweeps_folder_read_without_hydra_is_the_one_hydra_composes():
     every experiment config of both entry points."""
     from experiments.run.config import compose
     from experiments.shared.configs import sweep_dir
+    from tests.conftest import entry_point_of
     for name in EXPERIMENTS:
-        top = name.split("/")[0]          # a task's own folder names its entry point (lm/...)
-        primary = (top if (REPO / "configs" / f"{top}.yaml").is_file() else
-                   "cnn" if "cnn" in name or name == "fig8" else "logreg")
+        primary = entry_point_of(name)
         cfg = compose(primary, f"experiment={name}", hydra=True)
         assert str(sweep_dir(primary, name)) == str(cfg.hydra.sweep.dir), name
 

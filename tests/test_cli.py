@@ -15,7 +15,7 @@ import pytest
 from experiments.shared.runs import LOCK, is_locked
 from experiments.shared.runs import read_rows, read_summary, shown
 from experiments.run.sweep import run_status, sbatch_script
-from tests.conftest import CONFIGS, REPO, compose_config
+from tests.conftest import CONFIGS, REPO, compose_config, entry_point_of
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
 
@@ -85,8 +85,9 @@ def test_experiment_is_selected_without_plus_and_names_the_sweep():
                                         for p in (CONFIGS / "experiment").rglob("*.yaml")
                                         if not p.name.startswith("_")))
 def test_sbatch_preview_works_for_every_experiment(name):
-    cnn = "cnn" in name or name == "fig8"
-    script = sbatch_script("cnn" if cnn else "logreg",
+    primary = entry_point_of(name)
+    cnn = primary == "cnn"
+    script = sbatch_script(primary,
                            ["launcher=slurm_gpu" if cnn else "launcher=slurm", f"experiment={name}"])
     assert "#SBATCH --array=0-" in script
     assert ("#SBATCH --gpus-per-node=1" in script) == cnn

@@ -13,7 +13,7 @@ from experiments.shared import statistics, tables
 from experiments.shared.statistics import log_area, reduction_rows, value_at
 from scripts.analysis import select_tuned
 from scripts.figures import fig2
-from tests.conftest import compose_config
+from tests.conftest import compose_config, entry_point_of
 
 from experiments.shared.files import REPO
 CONFIGS = REPO / "configs"
@@ -26,9 +26,7 @@ def experiment_names():
 
 @pytest.mark.parametrize("name", experiment_names())
 def test_every_experiment_config_composes(name):
-    top = name.split("/")[0]              # a task's own folder names its entry point (lm/...)
-    primary = (top if (CONFIGS / f"{top}.yaml").is_file() else
-               "cnn" if "cnn" in name or name == "fig8" else "logreg")
+    primary = entry_point_of(name)
     cfg = compose_config(primary, f"experiment={name}", hydra=True)
     from experiments.run.config import validate
     validate(cfg)  # method, compressor and hyperparameters are valid
