@@ -81,6 +81,19 @@ def group_runs(runs: Iterable[Run]) -> dict[tuple, list[Run]]:
     return dict(groups)
 
 
+def by_method(runs: Iterable[Run], root, order) -> dict[str, list[Run]]:
+    """{method name: its runs sorted by seed}, methods sorted by ``order``. Two settings of one
+    method under ``root`` are refused (a stale run: remove it and rerun)."""
+    out: dict[str, list[Run]] = {}
+    for group in group_runs(runs).values():
+        name = group[0].config["method"]["name"]
+        if name in out:
+            raise SystemExit(f"two different {name} settings under {root}: "
+                             "remove the stale runs (make clean) and rerun")
+        out[name] = sorted(group, key=lambda r: r.config["seed"])
+    return dict(sorted(out.items(), key=lambda kv: order(kv[0])))
+
+
 def value_at(run: Run, key: str, grid: np.ndarray, x: str = "comm") -> np.ndarray:
     """The metric as a step function of communication (or of ``x``, e.g. "step"): the last
     logged value at comm <= c.

@@ -31,7 +31,9 @@ from experiments.shared.configs import CONFIGS, sweep_dir
 from experiments.shared.fig2_panels import PAPER_CLAIM as FIG2_CLAIM
 from experiments.shared.runs import group_key
 from experiments.shared.files import atomic_write_text
-from experiments.shared.statistics import Run, final_level, group_runs, load_runs, log_area, reduction_rows, reduction_se, welch_difference
+from experiments.shared.statistics import by_method as runs_by_method
+from experiments.shared.statistics import (Run, final_level, load_runs, log_area, reduction_rows,
+                                           reduction_se, welch_difference)
 from experiments.shared.tables import read_csv, write_csv
 
 SWEEPS = sweep_dir("cnn", "cnn_gap/panel").parent   # each condition's sweep is SWEEPS/<name>
@@ -144,13 +146,7 @@ def by_method(runs: list[Run]) -> dict[str, list[Run]]:
     one condition must share their arithmetic: methods compared on different devices or
     precisions would measure the arithmetic with the methods."""
     one_arithmetic(runs)
-    groups: dict[str, list[Run]] = {}
-    for g in group_runs(runs).values():
-        name = g[0].config["method"]["name"]
-        if name in groups:
-            raise SystemExit(f"two different {name} settings in {g[0].path.parent.parent}: "
-                             "remove the stale runs")
-        groups[name] = g
+    groups = runs_by_method(runs, runs[0].path.parent.parent if runs else "", lambda m: 0)
     seeds = sorted(set.intersection(*({r.config["seed"] for r in g} for g in groups.values())))
     return {m: sorted((r for r in g if r.config["seed"] in seeds), key=lambda r: r.config["seed"])
             for m, g in groups.items()}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.shared.statistics import group_runs, load_runs, reduction_rows, smoothed_curves, window_of
+from experiments.shared.statistics import by_method as runs_by_method
+from experiments.shared.statistics import load_runs, reduction_rows, smoothed_curves, window_of
 from experiments.shared.tables import read_csv, write_csv, write_table
 from experiments.shared.files import atomic_write_text
 from experiments.shared.configs import cnn_widths, sweep_dir
@@ -38,14 +39,7 @@ def aggregate(task: str, sweep: str | None = None, experiment: str | None = None
     runs = load_runs(root)
     if not runs:
         raise SystemExit(f"no finished runs under {root}; run `make fig2-{task}`")
-    by_method: dict[str, list] = {}
-    for group in group_runs(runs).values():
-        name = group[0].config["method"]["name"]
-        if name in by_method:
-            raise SystemExit(f"two different {name} settings under {root}: "
-                             "remove the stale runs (make clean) and rerun")
-        by_method[name] = sorted(group, key=lambda r: r.config["seed"])
-    by_method = dict(sorted(by_method.items(), key=lambda kv: order(kv[0])))
+    by_method = runs_by_method(runs, root, order)
     budget = budget_of(runs, root)
     window = window_of(budget)               # smoothing, uplink units: 5% of the budget
     out.mkdir(parents=True, exist_ok=True)

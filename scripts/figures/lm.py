@@ -30,7 +30,8 @@ from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, order
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes
-from experiments.shared.statistics import (group_runs, load_runs, reduction_rows,
+from experiments.shared.statistics import by_method as runs_by_method
+from experiments.shared.statistics import (load_runs, reduction_rows,
                                            smoothed_curves, window_of)
 from experiments.shared.tables import read_csv, write_csv, write_table
 
@@ -51,17 +52,6 @@ def tuning(split: str) -> str:
     return "lm/tune_gluon" if split == "iid" else f"lm/{split}/tune_gluon"
 
 
-def _by_method(runs, root) -> dict[str, list]:
-    out = {}
-    for group in group_runs(runs).values():
-        name = group[0].config["method"]["name"]
-        if name in out:
-            raise SystemExit(f"two different {name} settings under {root}: remove the stale runs "
-                             "and rerun")
-        out[name] = sorted(group, key=lambda r: r.config["seed"])
-    return dict(sorted(out.items(), key=lambda kv: order(kv[0])))
-
-
 def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     """One split's curves, settings, final values and reduction rows; False when it has no
     finished runs yet."""
@@ -70,7 +60,7 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     if not runs:
         print(f"[{split}] no finished runs under {root}: make lm-runs")
         return False
-    by_method = _by_method(runs, root)
+    by_method = runs_by_method(runs, root, order)
     budget = budget_of(runs, root)
     window = window_of(budget)
     out.mkdir(parents=True, exist_ok=True)
