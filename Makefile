@@ -133,8 +133,9 @@ fig2: fig2-logreg fig2-cnn  ## [reproduce] the paper's main figure, both panels
 
 # What compression buys (docs/fair.md): Figure 2's methods against fair dense baselines
 # (large-batch Gluon, Local Gluon) and EF21-Muon re-tuned, read at equal uplink and at equal
-# compute. The compute budget is Alg. 1's gradient evaluations over the uplink budget, read from
-# the uplink panel's Alg. 1 runs (so the commands below that use it run after them).
+# compute. EF21-Muon's cap is Alg. 1's gradient evaluations over the uplink budget, read from
+# the uplink panel's Alg. 1 runs (so the commands below that use it run after them); the compute
+# reading's budget is fixed in configs/experiment/fair_logreg/_compute.yaml.
 .PHONY: fair fair-runs
 FAIR_CAP_LOGREG = $$($(PY) -m scripts.figures.fair grads-cap --task logreg)
 FAIR_SELECT_LOGREG = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
@@ -143,10 +144,7 @@ fair: $(STAMP)  ## [study] what compression buys: figures/fig2_fair.png, results
 	$(PY) -m scripts.figures.fair aggregate
 	$(PY) -m scripts.figures.fair plot
 
-# The equal-compute reading (fair_logreg/tune_compute_*, fair_logreg/compute) is not run here yet:
-# its budget, Alg. 1's gradient count at its tuned B = 1,024, is about 970,000 a worker, which
-# Gluon at B = 1 would take as many steps to spend (docs/fair.md, Status).
-fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a at equal uplink: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
+fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink and at equal compute: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
 	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 local_gluon local_gluon_edges \
 	         local_gluon_q0003 alg1 alg2 alg1_b1024; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
@@ -157,7 +155,12 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a at equal uplink: t
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/ef21_muon steps=200000 max_grads=$(FAIR_CAP_LOGREG)
-	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1 compressor.density=0.001,0.1
+	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1 compressor.density=0.1   # 0.1% is 1% on a5a (k = 1)
+	$(LOGREG_SWEEP) experiment=fair_logreg/tune_compute_large_batch_gluon
+	$(PY) -m scripts.analysis.select_tuned --x grads --sweep $$($(PY) -m experiments.run.sweep dir logreg \
+	  fair_logreg/tune_compute_large_batch_gluon) --out configs/tuned/fair_logreg_compute \
+	  --table results/fair/tune_compute_scores_logreg.csv
+	$(LOGREG_SWEEP) experiment=fair_logreg/compute
 
 .PHONY: fig-cost shaped shaped-cnn
 fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panel re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
@@ -173,7 +176,7 @@ shaped-cnn: $(STAMP)  ## [study] (root) the same for the CNN's quick CPU profile
 
 # The LM study (docs/lm.md): a character-level GPT on Tiny Shakespeare, on the CPU profile
 # (nanoGPT's CPU shape) to an uplink budget of 200, for each worker split (LM_SPLITS): the tuning
-# grids (seeds 100, 101), the tuned settings (configs/tuned/lm_<split>/), EF21-Muon's grid capped
+# grids (seed 100), the tuned settings (configs/tuned/lm_<split>/), EF21-Muon's grid capped
 # at Alg. 1's gradient evaluations, then the 5-seed panel. Runs JOBS at a time, like the CNN's.
 .PHONY: bench-lm lm lm-runs fig-lm lm-reference
 LM_SPLITS ?= iid plays
@@ -190,7 +193,7 @@ lm: $(STAMP)  ## [study] one LM run of Algorithm 1 (RandK 1%, B = 16) to 20 unit
 	@$(PY) -m experiments.lm profile=$(LM_PROFILE) method=alg1 compressor=randk compressor.density=0.01 \
 	  method.q=0.1 method.B=16 method.lr=0.001 max_comm=20 seed=0 hydra.run.dir=results/runs/lm_example
 
-lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and the 5-seed panel per worker split; skips finished runs (days of CPU on 2 cores)
+lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and the 5-seed panel per worker split; skips finished runs (about 7 hours on 2 cores)
 	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
 	  for m in gluon alg1 alg2 large_batch_gluon local_gluon; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \

@@ -131,6 +131,20 @@ def test_alg1_at_another_density_is_its_own_group(tmp_path):
     assert list(fair.panel_runs("logreg", "uplink", tmp_path)) == ["gluon", "alg1", "alg1@0.1"]
 
 
+def test_the_decomposition_reads_alg1_at_each_density(tmp_path):
+    """Alg. 1 at 10% gets its own rows, after Alg. 1 at 1%, with its own reduction: reaching
+    Gluon's level (0.1, at 90) at 30 and 40 in both seeds, 1 - 30/90 and 1 - 40/90."""
+    for s in range(2):
+        fake(tmp_path, "alg1", s, drop(30, 0.01), density=0.01)
+        fake(tmp_path, "alg1", s, drop(40, 0.01), density=0.1)
+        fake(tmp_path, "gluon", s, baseline(90, 0.1))
+    d = table(tmp_path)
+    assert [m for m, b in d if b == "gluon"] == ["alg1", "alg1@0.1"]
+    assert d[("alg1", "gluon")]["reduction"] == pytest.approx(1 - 30 / 90)
+    assert d[("alg1@0.1", "gluon")]["reduction"] == pytest.approx(1 - 40 / 90)
+    assert "| Alg. 1 (RandK 10%) |" in fair.markdown(list(d.values()))
+
+
 def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monkeypatch):
     monkeypatch.setattr(fair, "OUT", tmp_path / "out")
     (tmp_path / "out").mkdir()
@@ -184,3 +198,19 @@ def test_docs_quote_the_committed_decomposition(doc, name, monkeypatch):
     monkeypatch.chdir(REPO)
     assert _block(REPO / doc, name) == fair.quoted()[name]
     assert fair.quoted()["fair-answer"].strip() in fair.quoted()["fair"]
+
+
+def test_randk_at_a_tenth_and_one_percent_is_one_compressor_on_a5a():
+    """docs/fair.md runs Alg. 1 at RandK 10% on a5a but not at 0.1%: on its 124 coordinates
+    (logreg.N_FEATURES weights and a bias) both densities keep k = 1 coordinate, so every
+    message, and with it every run, is the same as at Figure 2's 1%."""
+    import torch
+    from experiments.tasks.logreg import N_FEATURES
+    from gluon import make_compressor
+    d = N_FEATURES + 1
+    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    tenth, one = make_compressor("randk", density=0.001), make_compressor("randk", density=0.01)
+    assert tenth.k(d) == one.k(d) == 1 and make_compressor("randk", density=0.1).k(d) == 12
+    for seed in range(20):
+        assert torch.equal(tenth.decompress(tenth.compress(x, seed)),
+                           one.decompress(one.compress(x, seed)))

@@ -37,8 +37,8 @@ BASELINES = DENSE + ("ef21_muon",)
 METHODS = ("alg1", "alg2", "ef21_muon")                     # what the decomposition reads
 PANEL_DENSITY = 0.01     # Figure 2's RandK/TopK density; Alg. 1 at others is labelled by it
 LABELS = {"gluon": "Gluon, B = 1 (the paper's baseline)", "large_batch_gluon": "large-batch Gluon",
-          "local_gluon": "Local Gluon (syncs only)", "ef21_muon": "EF21-Muon, TopK",
-          "alg1": "Alg. 1 (RandK)", "alg2": "Alg. 2 (TopK, EF)"}
+          "local_gluon": "Local Gluon (syncs only)", "ef21_muon": "EF21-Muon, TopK 1%",
+          "alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)"}
 ORDER = ["gluon", "large_batch_gluon", "local_gluon", "ef21_muon", "alg1", "alg2"]
 SHORT = {"gluon": "Gluon (B = 1)", "large_batch_gluon": "large-batch Gluon",
          "local_gluon": "Local Gluon"}
@@ -52,6 +52,14 @@ def group_label(config: dict) -> str:
     if name == "alg1" and density is not None and density != PANEL_DENSITY:
         return f"alg1@{density:g}"
     return name
+
+
+def label_text(label: str) -> str:
+    """A group's name for a reader: ``alg1@0.1`` is "Alg. 1 (RandK 10%)"."""
+    base, _, density = label.partition("@")
+    if density:
+        return f"{LABELS.get(base, base).split(' (')[0]} (RandK {100 * float(density):g}%)"
+    return LABELS.get(base, base)
 
 
 def order(label: str) -> tuple:

@@ -27,8 +27,9 @@ import numpy as np
 
 from experiments.shared.statistics import reduction_rows, smoothed_curves, window_of
 from experiments.shared.tables import read_csv, write_csv
-from experiments.shared.fair_panels import (BASELINES, DENSE, LABELS, METHODS, PANELS, READINGS,
-                                            SHORT, SWEEPS, budget_of, order, panel_runs, sweep_of)
+from experiments.shared.fair_panels import (BASELINES, DENSE, METHODS, PANELS, READINGS,
+                                            SHORT, SWEEPS, budget_of, label_text, order, panel_runs,
+                                            sweep_of)
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes
 
@@ -50,23 +51,31 @@ def verdict(reduction: float, low: float, high: float, reached: int, seeds: int)
     return "not told apart"
 
 
+def method_order(label: str) -> tuple:
+    """The decomposition's rows: METHODS' order, Alg. 1's other densities after it."""
+    base, _, density = label.partition("@")
+    return METHODS.index(base), float(density or 0)
+
+
 DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
                         "baseline_x", "reduction", "low", "high", "interval", "seeds",
                         "seeds_reached", "baseline_censored", "verdict"]
 
 
 def decomposition(rows: list[dict], task: str, reading: str) -> list[dict]:
-    """From a reading's reduction rows: each method of METHODS against each dense baseline at
-    that baseline's final level (smoothed first hit), with the interval Figure 2's README uses
-    (the percentile bootstrap from 10 seeds on, the paired t-interval below) and its verdict.
-    ``best_dense`` marks the dense baseline with the lowest final level."""
+    """From a reading's reduction rows: each method of METHODS (and Alg. 1 at the other RandK
+    densities run, ``alg1@<density>``) against each dense baseline at that baseline's final
+    level (smoothed first hit), with the interval Figure 2's README uses (the percentile
+    bootstrap from 10 seeds on, the paired t-interval below) and its verdict. ``best_dense``
+    marks the dense baseline with the lowest final level."""
     finals = [r for r in rows if r["level"] == "baseline_final"
               and r["metric"] == "smoothed_first_hit"]
     by = {(r["baseline"], r["method"]): r for r in finals}
     levels = {b: by[(b, b)]["eps"] for b in DENSE if (b, b) in by}
     best = min(levels, key=levels.get) if levels else ""
     out = []
-    for m in METHODS:
+    for m in sorted({r["method"] for r in finals if r["method"].partition("@")[0] in METHODS},
+                    key=method_order):
         for b in DENSE:
             r = by.get((b, m))
             if r is None:
@@ -102,7 +111,7 @@ def markdown(rows: list[dict]) -> str:
         f"against {SHORT[b]}" for b in DENSE) + " |", "|---|---|---|" + "---|" * len(DENSE)]
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     keys = sorted({(r["task"], r["reading"], r["method"]) for r in rows},
-                  key=lambda k: (k[0] != "a5a", list(READINGS).index(k[1]), k[2]))
+                  key=lambda k: (k[0] != "a5a", list(READINGS).index(k[1]), method_order(k[2])))
     for task, reading, m in keys:
         cells = []
         for b in DENSE:
@@ -113,7 +122,7 @@ def markdown(rows: list[dict]) -> str:
             best = " (best dense)" if r["best_dense"] in (True, "True") else ""
             cells.append(f"{_pct(r)} {r['verdict']}{best}" if _num(r["reduction"])
                          else f"{r['verdict']}{best}")
-        lines.append(f"| {task} | {reading} | {LABELS[m]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {task} | {reading} | {label_text(m)} | " + " | ".join(cells) + " |")
     notes = sorted({(r["task"], r["reading"], r["interval"], int(r["seeds"])) for r in rows})
     text = "\n".join(lines) + "\n\n" + "Each cell: the reduction in uplink (or in gradient " \
         "evaluations) to reach that baseline's final level, " + "; ".join(
@@ -251,11 +260,9 @@ def plot(out: Path = FIG) -> Path:
             for label in sorted({r["label"] for r in rows}, key=order):
                 rs = [r for r in rows if r["label"] == label]
                 base, _, density = label.partition("@")
-                text = LABELS.get(base, base) + (f" {100 * float(density):g}%" if density else "")
                 ls = "--" if base in BASELINES else ("-" if not density else ":")
-                band_curve(ax, rs, "comm", ls, lw=1.5,
-                           color=f"C{order(label)[0] % 10}" if not density else None,
-                           label=text, band_alpha=0.18, raw_alpha=0.3)
+                band_curve(ax, rs, "comm", ls, lw=1.5, color=f"C{order(label)[0] % 10}",
+                           label=label_text(label), band_alpha=0.18, raw_alpha=0.3)
             info = settings.get(name, {})
             window = next(iter(info.values()), {}).get("window", "?")
             log_axes(ax, int(rows[0]['seeds']), window, fontsize=7)
