@@ -332,3 +332,20 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
     assert fig.grads_cap("iid", "tune", str(tune), tuned) == pytest.approx(20 * 40.0)
     fig.plot(out, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 10_000
+
+
+def test_the_bench_prices_the_whole_study_from_its_grids():
+    """make bench-lm's study price: every run of every tuning grid and of the 5-seed panel, on
+    both splits. With every step costing 1 s of CPU for one unit of uplink and one gradient (and
+    evaluation free), every run to the budget of 200 units, EF21-Muon's capped one included,
+    costs 200 s."""
+    from scripts.bench import bench_lm
+    step = {"cpu": 1.0, "uplink": 1.0, "grads": 1.0}
+    results = [{"method": m, "B": B, "kinds": {None: step}, "row": 0.0, "full": 0.0}
+               for m, (_, takes) in bench_lm.SETTINGS.items()
+               for B in ([4, 16] if "B" in takes else [None])]
+    runs = sum(len(bench_lm.grid(m)) for m in bench_lm.SETTINGS) + 5 * len(bench_lm.SETTINGS)
+    assert len(bench_lm.grid("gluon")) == 16 and len(bench_lm.grid("alg1")) == 6
+    text = bench_lm.study(results, q=0.1, log_comm=2.0)
+    assert f"both splits {2 * runs * 200 / 3600:.1f} hours of one core" in text
+    assert f"**{runs * 200 / 3600:.1f} hours on 2 cores**" in text

@@ -12,8 +12,8 @@ validation text at the end). Windows are drawn from the whole training text.
 * ``budget``: the tokens of the study's uplink budget for Gluon: ``max_comm`` dense steps of
   n_workers x batch_size windows (configs/experiment/lm/_budget.yaml), as ``max_comm`` steps of
   one batch of that size; warm-up a twentieth of the steps.
-* ``nanogpt``: nanoGPT's CPU example (batch 12, 2,000 iterations, warm-up 100; it reports a
-  validation loss of about 1.88).
+* ``nanogpt``: nanoGPT's CPU example (its shape, 4 x 4 x 128 at context 64, twice the study's
+  width; batch 12, 2,000 iterations, warm-up 100; it reports a validation loss of about 1.88).
 
 Each lr given (``budget``: 1e-3, nanoGPT's, and 3e-3 and 1e-2, since its batch and step count are
 not nanoGPT's) is a run from the same initialisation and windows. Writes
@@ -39,6 +39,11 @@ from experiments.shared.files import REPO, atomic_write_text
 from experiments.tasks import ResolvedConfig, lm
 from experiments.tasks.shakespeare import window_starts, windows
 from gluon import make_compressor
+
+
+# nanoGPT's shakespeare_char CPU example's model (the study's CPU profile halves the width)
+NANOGPT_CPU = ["task.n_layer=4", "task.n_head=4", "task.n_embd=128", "task.block_size=64",
+               "task.dropout=0.0"]
 
 
 def git_commit() -> dict:
@@ -102,8 +107,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="default: results/lm/adamw_<preset>.json")
     args = p.parse_args(argv)
 
+    shape = NANOGPT_CPU if args.preset == "nanogpt" else []
     cfg = ResolvedConfig.of(compose("lm", "experiment=lm/panel_iid", f"seed={args.seed}",
-                                    "method=gluon")).cfg
+                                    "method=gluon", *shape)).cfg
     torch.set_num_threads(1)
     if args.preset == "budget":
         batch, steps = cfg.n_workers * cfg.batch_size, int(cfg.max_comm)

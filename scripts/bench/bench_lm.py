@@ -25,10 +25,14 @@ import os
 import platform
 import time
 
+import itertools
+import math
+
 import torch
+import yaml
 
 from experiments.run.config import compose
-from experiments.shared.files import atomic_write_text
+from experiments.shared.files import REPO, atomic_write_text
 from experiments.shared.timing import Clock
 from experiments.tasks import ResolvedConfig, lm, settings
 from gluon import make_compressor
@@ -119,6 +123,53 @@ def minutes(r: dict, q: float, budget: float, log_comm: float, cap: dict | None 
     return (steps * per_step(r, q, "cpu") + (uplink / log_comm + 1) * r["row"] + r["full"]) / 60
 
 
+STUDY = REPO / "configs" / "experiment" / "lm"
+
+
+def grid(method: str) -> list[dict]:
+    """The runs of configs/experiment/lm/tune_<method>.yaml on one split: one dict of the swept
+    keys per run (comma lists expanded, as hydra's basic sweeper does)."""
+    params = yaml.safe_load((STUDY / f"tune_{method}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    keys = list(params)
+    values = [str(params[k]).split(",") for k in keys]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def study(results: list[dict], q: float, log_comm: float) -> str:
+    """The whole LM study from scratch (make lm-runs: every tuning grid and the 5-seed panel, on
+    each split) priced by this bench's CPU costs: CPU hours of one core, and hours on the 2-core
+    machine running two runs at a time. A B the bench did not time is priced at the nearest B it
+    did; the panel takes each method at the largest B of its grid (an upper bound, the tuned B
+    being unknown before the tuning); EF21-Muon runs to Alg. 1's gradient evaluations at that B."""
+    budget = yaml.safe_load((STUDY / "_budget.yaml").read_text())["max_comm"]
+    panel = yaml.safe_load((STUDY / "panel_iid.yaml").read_text())["hydra"]["sweeper"]["params"]
+    seeds = len(str(panel["seed"]).split(","))
+    at = {(r["method"], r["B"]): r for r in results}
+    timed = sorted({r["B"] for r in results if r["B"]})
+
+    def cost(method: str, B) -> float:
+        B = None if method not in ("alg1", "alg2", "large_batch_gluon", "local_gluon") else \
+            min(timed, key=lambda b: abs(math.log(int(B) / b)))
+        cap = at[("alg1", max(timed))] if method == "ef21_muon" else None
+        return minutes(at[(method, B)], q, budget, log_comm, cap)
+
+    rows, total = [], 0.0
+    for m in SETTINGS:
+        runs = grid(m)
+        Bs = [r.get("method.B") for r in runs]
+        tune = sum(cost(m, B or max(timed)) for B in Bs)
+        pan = seeds * cost(m, max((int(B) for B in Bs if B), default=max(timed)))
+        total += tune + pan
+        rows.append(f"| {m} | {len(runs)} | {tune / 60:.1f} | {seeds} | {pan / 60:.1f} |")
+    splits = 2
+    return ("\nThe study from scratch (`make lm-runs`, the grids of configs/experiment/lm/ on each of "
+            f"{splits} splits, a budget of {budget:g} units; the panel at each grid's largest B, an upper "
+            "bound):\n\n| method | tuning runs per split | tuning, CPU hours | panel seeds | "
+            "panel, CPU hours |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
+            f"Per split {total / 60:.1f} CPU hours; both splits {splits * total / 60:.1f} hours of "
+            f"one core, **{splits * total / 120:.1f} hours on 2 cores** (two runs at a time).\n")
+
+
 def name(r: dict) -> str:
     return r["method"] + (f", B = {r['B']}" if r["B"] else "")
 
@@ -165,7 +216,9 @@ def report(results: list[dict], args) -> str:
                    f"{max(ok) if ok else 'none of these'} units (of {', '.join(map(str, budgets))}).\n")
     return (head + "\n" + "\n".join(lines) + "\n" + ev + f"\nProjected CPU minutes of one run to "
             f"each uplink budget (q = {args.q}; a row every {args.log_comm:g} units, the full "
-            "validation pass at the end):\n\n" + "\n".join(proj) + "\n" + verdict)
+            "validation pass at the end):\n\n" + "\n".join(proj) + "\n" + verdict
+            + (study(results, args.q, args.log_comm) if set(SETTINGS) <= {r["method"] for r in
+                                                                           results} else ""))
 
 
 def main(argv=None):
