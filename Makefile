@@ -81,7 +81,7 @@ bench-cnn: $(STAMP)  ## [develop] CNN step time on CPU: where it goes (results/b
 bench-optim: $(STAMP)  ## [develop] gluon.optim on CPU: DDP + SGD momentum vs Gluon q = 1 (2 gloo processes), the optimiser's own overhead, results/bench/optim.md
 	$(PY) -m scripts.bench.bench_optim --out results/bench/optim.md
 
-gpu-check: $(STAMP)  ## [develop] on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation (<5 min)
+gpu-check: $(STAMP)  ## [develop] on a GPU: CNN methods at paper scale, bf16 vs fp32 Delta, steps/s, gloo vs simulation, the LM's GPT (<5 min)
 	$(PY) -m scripts.bench.gpu_check
 
 logreg: $(STAMP)  ## [reproduce] one a5a run of Algorithm 1 (RandK 1%), into results/runs/example

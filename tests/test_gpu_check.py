@@ -105,3 +105,16 @@ def test_without_cuda_as_a_process(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "no GPU found" in proc.stdout
     assert not out.exists()
+
+
+def test_tiny_cpu_lm_section(tiny):
+    """The LM task's GPT: Gluon and Alg. 1 step, their validation loss stays finite, the
+    parameters change, and Alg. 1 (RandK 1%, q = 0.1) sends less than Gluon's one unit a step."""
+    lm = json.loads(tiny[1].read_text())["lm"]
+    assert set(lm["methods"]) == set(gpu_check.LM_METHODS) and lm["data"]
+    for name, m in lm["methods"].items():
+        assert m["ok"] and m["params_finite"] and m["max_abs_change"] > 0, name
+        assert math.isfinite(m["val_loss_start"]) and math.isfinite(m["val_loss_end"]), name
+        assert m["steps"] == 3 and m["steps_per_s"] > 0 and m["model"]["n_embd"] == 16, name
+    assert lm["methods"]["gluon"]["uplink_cost"] == 3
+    assert lm["methods"]["alg1"]["uplink_cost"] < 3

@@ -29,6 +29,12 @@ n = 4 workers, bf16 autocast on):
    ledger's; dense messages both through all_reduce (the default) and all_gather (bit-identical
    by design; reported). Uses synthetic images (the check is about the backend, not the data).
 
+5. **lm**: the LM task's paper profile (nanoGPT's shakespeare_char GPT, 6 x 6 x 384, context
+   256, 16 windows a worker, bf16 autocast) for ``--steps`` steps of Gluon and of Alg. 1 (RandK
+   1 %, q = 0.1, B = 16): steps per second, the validation loss on 64 fixed windows before and
+   after (finite), the parameters finite and changed. Tiny Shakespeare where the experiments
+   look for it (never downloaded here), else a synthetic text of the same alphabet size.
+
 Data: CIFAR-10 where the experiments look for it (cache, data_dir, $GLUON_DATA_DIR, ./data,
 ../shared/data; never downloaded here); otherwise synthetic random-colour images, and the JSON
 says so. Every number goes to ONE JSON file (``--out``). Any mismatch, non-finite value or error
@@ -241,6 +247,78 @@ def run_method(name: str, spec: dict, data, checks: Checks) -> dict:
 def plain(node) -> dict:
     from omegaconf import OmegaConf
     return OmegaConf.to_container(node, resolve=True)
+
+
+# ---------------------------------------------------------------- 5: the LM task's GPT
+
+LM_METHODS = {"gluon": ["method=gluon", "compressor=identity"],
+              "alg1": ["method=alg1", "compressor=randk", "compressor.density=0.01",
+                       "method.q=0.1", "method.B=16", "method.lr=0.001"]}
+LM_TINY = ["task.n_layer=1", "task.n_head=2", "task.n_embd=16", "task.block_size=16",
+           "batch_size=4"]
+
+
+def lm_text(args) -> tuple:
+    """(Text, note): Tiny Shakespeare where the experiments look for it (no download), else a
+    synthetic text: 65 symbols with a repeating structure a GPT can learn."""
+    from experiments.tasks.shakespeare import Text, encode, load_text
+    try:
+        return load_text(args.data_dir, REPO / "results" / "cache", False), "Tiny Shakespeare"
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        g = torch.Generator().manual_seed(0)
+        words = ["".join(chr(48 + int(c)) for c in torch.randint(65, (5,), generator=g))
+                 for _ in range(200)]
+        order = torch.randint(200, (60_000,), generator=g).tolist()
+        tokens, vocab = encode(" ".join(words[i] for i in order))
+        return (Text(tokens, vocab, "synthetic", "-"),
+                f"Tiny Shakespeare not found ({first}; no download attempted): a synthetic text")
+
+
+def lm_check(spec: dict, args, checks: Checks) -> dict:
+    """Gluon and Alg. 1 on the LM task's paper profile (``--tiny``: a 1-layer GPT of width 16)."""
+    from experiments.run.config import compose, validate
+    from experiments.tasks import lm
+    text, note = lm_text(args)
+    out = {"data": note, "methods": {}}
+    for name, method_args in LM_METHODS.items():
+        if args.tiny:
+            method_args = [a.replace("method.B=16", "method.B=2") for a in method_args]
+        try:
+            cfg = compose("lm", "profile=lm/paper", *method_args, f"device={spec['device']}",
+                          f"steps={spec['steps']}", "seed=0", "task.download=false",
+                          "task.eval_val=64", "task.eval_train=64",
+                          *(LM_TINY if args.tiny else []))
+            built = lm.build(cfg, validate(cfg), text=text)
+            method, ev = built.method, built.evaluate
+            start = [p.detach().clone() for p in method.params]
+            loss0 = ev.loss(*ev.val)
+            t0 = None
+            for k in range(spec["steps"]):
+                if k == spec["warmup"]:
+                    sync(spec["device"])
+                    t0 = time.perf_counter()
+                method.step()
+            sync(spec["device"])
+            timed = spec["steps"] - spec["warmup"]
+            elapsed = time.perf_counter() - t0
+            loss1 = ev.loss(*ev.val)
+            r = {"n_params": built.summary["n_params"], "model": built.summary["model"],
+                 "steps": method.k, "steps_per_s": timed / elapsed, "val_loss_start": loss0,
+                 "val_loss_end": loss1, "params_finite": finite(method.params),
+                 "max_abs_change": max(float((p - s0).abs().max())
+                                       for p, s0 in zip(method.params, start)),
+                 "uplink_cost": method.comm.ledger.cost}
+            r["ok"] = checks.expect(math.isfinite(loss0) and math.isfinite(loss1),
+                                    f"lm {name}: validation loss not finite ({loss0} -> {loss1})")
+            r["ok"] &= checks.expect(r["params_finite"] and r["max_abs_change"] > 0,
+                                     f"lm {name}: parameters not finite or unchanged")
+            print(f"  lm {name:6s} {r['steps_per_s']:8.2f} steps/s  val_loss {loss0:.4f} -> "
+                  f"{loss1:.4f}  ok {r['ok']}", flush=True)
+        except Exception as err:
+            r = checks.error(f"lm {name}", err)
+        out["methods"][name] = r
+    return out
 
 
 # ---------------------------------------------------------------- 2: bf16 vs fp32 Delta
@@ -544,6 +622,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-6, help="distributed vs simulation (as the tests)")
     p.add_argument("--dist-timeout", type=int, default=120, help="seconds for the gloo processes")
     p.add_argument("--no-dist", action="store_true", help="skip the distributed comparison")
+    p.add_argument("--no-lm", action="store_true", help="skip the LM task's GPT")
     p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
                    help="how the gloo processes start (auto: fork on CPU, spawn with CUDA)")
     return p
@@ -626,6 +705,14 @@ def main(argv=None) -> int:
                 flush=True)
         except Exception as err:
             report["distributed"] = checks.error("distributed", err)
+
+    if args.no_lm:
+        report["lm"] = {"skipped": "--no-lm"}
+    else:
+        try:
+            report["lm"] = lm_check(spec, args, checks)
+        except Exception as err:
+            report["lm"] = checks.error("lm", err)
 
     report["wall_s"] = time.perf_counter() - t_start
     report["failures"] = checks.failures
