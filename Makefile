@@ -136,7 +136,7 @@ fig2: fig2-logreg fig2-cnn  ## [reproduce] the paper's main figure, both panels
 # compute. EF21-Muon's cap is Alg. 1's gradient evaluations over the uplink budget, read from
 # the uplink panel's Alg. 1 runs (so the commands below that use it run after them); the compute
 # reading's budget is fixed in configs/experiment/fair_logreg/_compute.yaml.
-.PHONY: fair fair-runs
+.PHONY: fair fair-runs fair-cnn-runs
 FAIR_CAP_LOGREG = $$($(PY) -m scripts.figures.fair grads-cap --task logreg)
 FAIR_SELECT_LOGREG = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
 	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
@@ -161,6 +161,20 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 	  fair_logreg/tune_compute_large_batch_gluon) --out configs/tuned/fair_logreg_compute \
 	  --table results/fair/tune_compute_scores_logreg.csv
 	$(LOGREG_SWEEP) experiment=fair_logreg/compute
+
+# The CNN half (configs/experiment/fair_cnn/): tuning grids coarse to fine (B = 4 first), then five
+# seeds a baseline; Gluon, Alg. 1 and 2 come from the CNN-gap panel (make cnn-gap). Tens of hours
+# on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and finished ones skip.
+FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
+fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN at equal uplink: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
+	for m in large_batch_gluon local_gluon; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
+	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
+	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn \
+	  fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
+	  --table results/fair/tune_scores_cnn.csv
+	$(CNN_SWEEP) experiment=fair_cnn/uplink
+	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/ef21_muon max_grads=$(FAIR_CAP_CNN)
+	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=cnn_gap/alg1 compressor.density=0.001,0.1
 
 .PHONY: fig-cost shaped shaped-cnn
 fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panel re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)

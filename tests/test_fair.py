@@ -214,3 +214,21 @@ def test_randk_at_a_tenth_and_one_percent_is_one_compressor_on_a5a():
     for seed in range(20):
         assert torch.equal(tenth.decompress(tenth.compress(x, seed)),
                            one.decompress(one.compress(x, seed)))
+
+
+def test_a_reading_takes_the_named_groups_from_a_shared_sweep(tmp_path):
+    """The CNN's uplink reading reads Gluon, Alg. 1 and 2 from the CNN-gap study's panel: the
+    named labels come from there, the others there are left, and a label with runs in both
+    places is refused."""
+    own, other = tmp_path / "own", tmp_path / "other"
+    for s in range(2):
+        fake(own, "large_batch_gluon", s, baseline(80, 0.05))
+        fake(other, "gluon", s, baseline(80, 0.1))
+        fake(other, "ef21_muon", s, baseline(60, 0.1))
+    groups = fair.panel_runs("cnn", "uplink", own, shared=(other, ("gluon", "alg1")))
+    assert list(groups) == ["gluon", "large_batch_gluon"]
+    assert [r.config["seed"] for r in groups["gluon"]] == [0, 1]
+    fake(own, "gluon", 0, baseline(80, 0.1))
+    with pytest.raises(SystemExit, match="gluon has runs under both"):
+        fair.panel_runs("cnn", "uplink", own, shared=(other, ("gluon",)))
+    assert fair_panels.SHARED[("cnn", "uplink")][1] == ("gluon", "alg1", "alg2")

@@ -71,10 +71,13 @@ def sweep_of(task: str, reading: str) -> Path:
     return SWEEPS / task / reading
 
 
-def panel_runs(task: str, reading: str, root: Path | None = None) -> dict[str, list]:
-    """{label: runs sorted by seed} of one reading's sweep; {} when it has no finished runs.
-    Two settings under one label are refused (a stale run: remove it and rerun)."""
-    root = root or sweep_of(task, reading)
+# Runs a reading takes from another study's sweep instead of running them again: the CNN's
+# uplink reading reads Gluon, Alg. 1 and Alg. 2 from the CNN-gap study's panel, whose settings,
+# budget and seeds it shares (configs/experiment/fair_cnn/uplink.yaml starts from that study's).
+SHARED = {("cnn", "uplink"): (Path("results/sweeps/cnn_gap/panel"), ("gluon", "alg1", "alg2"))}
+
+
+def _labelled(root: Path) -> dict[str, list]:
     groups: dict[str, list] = {}
     for group in group_runs(load_runs(root)).values():
         label = group_label(group[0].config)
@@ -82,6 +85,27 @@ def panel_runs(task: str, reading: str, root: Path | None = None) -> dict[str, l
             raise SystemExit(f"two different {label} settings under {root}: remove the stale "
                              "runs and rerun")
         groups[label] = sorted(group, key=lambda r: r.config["seed"])
+    return groups
+
+
+def panel_runs(task: str, reading: str, root: Path | None = None,
+               shared: tuple[Path, tuple[str, ...]] | None = None) -> dict[str, list]:
+    """{label: runs sorted by seed} of one reading's sweep, with the groups it takes from
+    another sweep (``shared``: that folder and the labels taken; by default SHARED's, when
+    ``root`` is the reading's own folder); {} when it has no finished runs. Two settings under
+    one label are refused (a stale run: remove it and rerun)."""
+    if root is None:
+        root, shared = sweep_of(task, reading), shared or SHARED.get((task, reading))
+    groups = _labelled(root)
+    if shared:
+        other, labels = shared
+        for label, runs in _labelled(other).items():
+            if label not in labels:
+                continue
+            if label in groups:
+                raise SystemExit(f"{label} has runs under both {root} and {other}, which it "
+                                 f"takes from there: remove those under {root}")
+            groups[label] = runs
     return dict(sorted(groups.items(), key=lambda kv: order(kv[0])))
 
 
