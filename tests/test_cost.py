@@ -249,3 +249,52 @@ def test_docs_cost_shows_the_crossover_and_shaped_tables(task):
     assert len(rows) == 4 and {r["method"] for r in rows} == {"gluon", "alg1"}
     for r in rows:
         assert 0.75 <= float(r["model_s_to_target"]) / float(r["measured_s_to_target"]) <= 1.25
+
+
+# ---------------------------------------------------------------- the LM task
+
+def test_lm_compute_from_its_bench_table(tmp_path):
+    """make bench-lm's table: t_grad is Gluon's gradient time per worker; a method's time
+    outside the gradients is its sync and other steps weighted by q, at the smallest B."""
+    (tmp_path / "lm.md").write_text(
+        "LM task, profile lm/cpu (1 parameters), n = 4 workers, q = 0.1, RandK/TopK density 0.01\n\n"
+        "| method | step kind | steps timed | CPU ms/step | uplink/step | gradients | rest |\n"
+        "|---|---|---:|---:|---:|---:|---:|\n"
+        "| gluon | every step | 40 | 100.0 | 1.0000 | 80.0 | 1 |\n"
+        "| alg1, B = 4 | sync (u = 1) | 10 | 340.0 | 1.0000 | 320.0 | 1 |\n"
+        "| alg1, B = 4 | other (u = 0) | 40 | 200.0 | 0.0100 | 160.0 | 1 |\n"
+        "| alg1, B = 16 | sync (u = 1) | 10 | 1400.0 | 1.0000 | 1300.0 | 1 |\n"
+        "| alg1, B = 16 | other (u = 0) | 40 | 900.0 | 0.0100 | 160.0 | 1 |\n"
+        "\nEvaluation: one row 71 ms of CPU, the full validation pass 1.2 s.\n")
+    c = cost_model._lm_compute(tmp_path / "lm.md")
+    assert c.grad_s == pytest.approx(0.080 / 4)
+    assert c.step_s["gluon"] == pytest.approx(0.020 / 4)
+    assert c.step_s["alg1"] == pytest.approx((0.1 * 0.020 + 0.9 * 0.040) / 4)
+    committed = cost_model.bench_compute("lm_iid", REPO / "results" / "bench")
+    assert 1e-3 < committed.grad_s < 1.0 and set(committed.step_s) >= {"gluon", "alg1", "alg2",
+                                                                        "ef21_muon"}
+
+
+def test_the_lm_panel_is_costed_from_a_real_sweep(tmp_path):
+    from experiments.run.lifecycle import execute
+    from experiments.tasks import lm
+    from tests.conftest import compose_config
+    tiny = ["profile=lm/cpu", "task.n_layer=1", "task.n_head=2", "task.n_embd=16",
+            "task.block_size=16", "batch_size=4", "task.eval_train=8", "task.eval_val=8",
+            "wandb.mode=disabled", "progress_s=0", "max_comm=3", "log_every=0", "log_comm=0.5",
+            "steps=200", "checkpoint_every=0", f"results_dir={tmp_path}"]
+    methods = {"gluon": ["method=gluon", "method.lr=0.02"],
+               "alg1": ["method=alg1", "compressor.density=0.05", "method.q=0.5", "method.B=2",
+                        "method.lr=0.005"]}
+    for name, over in methods.items():
+        for seed in (0, 1):
+            execute(compose_config("lm", *tiny, *over, f"seed={seed}"),
+                    tmp_path / "runs" / f"{name}-{seed}", lm)
+    panel = cost.load_panel("lm_iid", str(tmp_path / "runs"))
+    assert set(panel.runs) == {"gluon", "alg1"} and panel.budget == 3
+    assert panel.metric == "val_loss"
+    level = cost.gluon_level(panel)
+    rows = cost.crossover_rows(panel, level, cost_model.Network(1e6), cost_model.bench_compute(
+        "lm_iid"), "t")
+    assert [r["method"] for r in rows] == ["alg1"] and rows[0]["task"] == "lm-iid"
+    assert "no lm-plays panel runs" in cost.load_panel("lm_plays", str(tmp_path / "none")).note

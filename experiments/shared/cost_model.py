@@ -40,7 +40,8 @@ COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", 
 TOPOLOGIES = ("star", "ring")
 # a panel's name in the results tables (a5a: its dataset; a5a-fair: the fair-baseline panel at
 # equal uplink, docs/fair.md, whose large-batch Gluon and Local Gluon are re-costed too)
-PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn", "fair_logreg": "a5a-fair"}
+PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn", "fair_logreg": "a5a-fair", "lm_iid": "lm-iid",
+               "lm_plays": "lm-plays"}
 
 
 # ---------------------------------------------------------------- the model
@@ -142,6 +143,8 @@ def bench_compute(task: str, bench: Path = BENCH) -> Compute:
         grad_s = float(g[2]) * pct(g[3]) / (steps * n)
         step_s = {m: float(r[2]) * (1 - pct(r[3])) / (steps * n) for m, r in rows.items()}
         return Compute(grad_s, step_s, f"{bench / 'logreg.md'} (make bench)")
+    if task.startswith("lm"):
+        return _lm_compute(bench / "lm.md")
     text = (bench / "cnn.md").read_text()
     n = int(re.search(r"n = (\d+) workers", text)[1])
     step_s, grads = {}, {}
@@ -152,6 +155,33 @@ def bench_compute(task: str, bench: Path = BENCH) -> Compute:
         grads[method] = g
         step_s[method] = (whole - g) / 1e3 / n
     return Compute(grads["gluon"] / 1e3 / n, step_s, f"{bench / 'cnn.md'} (make bench-cnn)")
+
+
+def _lm_compute(path: Path) -> Compute:
+    """The LM (results/bench/lm.md, ``make bench-lm``): CPU ms per step of the gradients and of
+    the whole step, per method and step kind. t_grad is Gluon's gradient time per worker (one
+    minibatch each); t_step(method) its time outside the gradients per worker and step, the
+    kinds weighted by the bench's q (a sync with probability q), at the smallest B timed (the
+    time outside the gradients hardly depends on B)."""
+    text = path.read_text()
+    n = int(re.search(r"n = (\d+) workers", text)[1])
+    q = float(re.search(r"q = ([0-9.]+)", text)[1])
+    first: dict[str, str] = {}                     # method -> the first (smallest) B's row name
+    outside: dict[str, dict[str, float]] = {}       # method -> step kind -> s per worker and step
+    for row in _table_rows(text.split("\n\nEvaluation")[0])[1:]:
+        name, kind, ms, g = row[0], row[1], float(row[3]), float(row[5])
+        method = name.split(",")[0]
+        if first.setdefault(method, name) == name:
+            outside.setdefault(method, {})[kind] = (ms - g) / 1e3 / n
+        if name == "gluon":
+            grad = g / 1e3 / n
+    step_s = {}
+    for m, kinds in outside.items():
+        if "every step" in kinds:
+            step_s[m] = kinds["every step"]
+        else:
+            step_s[m] = q * kinds["sync (u = 1)"] + (1 - q) * kinds["other (u = 0)"]
+    return Compute(grad, step_s, f"{path} (make bench-lm)")
 
 
 def measured_network(path: Path = NETWORK) -> dict:

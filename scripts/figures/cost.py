@@ -47,6 +47,8 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
     they lack the cost columns); ``fair_logreg``: the fair-baseline panel at equal uplink."""
     if task == "fair_logreg":
         return _fair_panel(sweep)
+    if task.startswith("lm_"):
+        return _lm_panel(task, sweep)
     from experiments.shared.configs import sweep_dir
     from experiments.shared.fig2_panels import TASKS, budget_of, order
     from experiments.shared.statistics import group_runs, load_runs, window_of
@@ -82,6 +84,23 @@ def _fair_panel(sweep: str | None = None) -> Panel:
                      f"no a5a-fair panel runs under {root} (make fair-runs)")
     budget = budget_of(groups, READINGS["uplink"], root)
     return Panel("fair_logreg", "gap", window_of(budget), budget, groups)
+
+
+def _lm_panel(task: str, sweep: str | None = None) -> Panel:
+    """The LM study's panel of one worker split (docs/lm.md): every method at its tuned
+    settings, validation loss against uplink."""
+    from experiments.shared.configs import sweep_dir
+    from experiments.shared.fair_panels import order
+    from experiments.shared.fig2_panels import budget_of
+    from experiments.shared.statistics import by_method, load_runs, window_of
+    split = task[len("lm_"):]
+    root = Path(sweep or sweep_dir("lm", f"lm/panel_{split}"))
+    runs = load_runs(root) if root.exists() else []
+    if not runs:
+        return Panel(task, "val_loss", math.nan, math.nan, {},
+                     f"no {PANEL_NAMES[task]} panel runs under {root} (make lm-runs)")
+    budget = budget_of(runs, root)
+    return Panel(task, "val_loss", window_of(budget), budget, by_method(runs, root, order))
 
 
 def gluon_level(panel: Panel) -> float:
