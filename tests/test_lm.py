@@ -311,6 +311,22 @@ def fake_panel_run(root: Path, method: str, seed: int, losses, grads_per_row: fl
                     "loss": v, "val_loss": v}) + "\n" for i, v in enumerate(losses)))
 
 
+def test_the_study_says_what_its_runs_took(tmp_path):
+    """compute.md: per split and part, the finished runs and their summed wall time, in hours
+    of one core and, halved, on two."""
+    from scripts.figures import lm as fig
+    for part, seconds in (("tune", [1800.0, 3600.0]), ("panel", [7200.0])):
+        for seed, wall in enumerate(seconds):
+            fake_panel_run(tmp_path / "iid" / part, "gluon", seed, [3.0, 2.0], 1.0, lr=0.02)
+            summary = next((tmp_path / "iid" / part / "gluon").glob(f"seed={seed},*/summary.json"))
+            s = json.loads(summary.read_text())
+            summary.write_text(json.dumps({**s, "wall_time": wall}))
+    text = fig.compute_spent(tmp_path, tmp_path / "out")
+    assert "| iid | tune | 2 | 1.5 | 0.8 |" in text and "| iid | panel | 1 | 2.0 | 1.0 |" in text
+    assert "| plays | tune | 0 | 0.0 | 0.0 |" in text and "In all 3.5 hours of one core, 1.8 on 2" in text
+    assert (tmp_path / "out" / "compute.md").read_text() == text
+
+
 def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(tmp_path):
     from scripts.figures import lm as fig
     panel, tune = tmp_path / "panel", tmp_path / "tune"

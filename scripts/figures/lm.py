@@ -2,6 +2,7 @@
 split, with Figure 2's statistic (docs/statistics.md), and its reduction table.
 
     python -m scripts.figures.lm aggregate          # each split's panel runs -> results/lm/
+                                                    # (and compute.md: what the study's runs took)
     python -m scripts.figures.lm plot               # results/lm/*_curves.csv -> figures/fig_lm.png
     python -m scripts.figures.lm grads-cap --split iid [--from tune]   # EF21-Muon's compute cap
 
@@ -145,6 +146,27 @@ def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
     print(f"wrote {fig_path}")
 
 
+def compute_spent(root: Path, out: Path = OUT) -> str:
+    """What the study's finished runs took (``compute.md``): per split and part (tuning, panel),
+    the runs and the sum of their wall times, in hours of one core (each run is one process of
+    one thread); halved, the hours on two cores running two at a time, as make lm-runs does.
+    Runs that shared the machine with more than one other report more than their own time, so
+    this is an upper bound."""
+    lines = ["| split | part | finished runs | hours of one core | hours on 2 cores |",
+             "|---|---|---:|---:|---:|"]
+    total = 0.0
+    for split in SPLITS:
+        for part in ("tune", "panel"):
+            runs = load_runs(root / split / part) if (root / split / part).exists() else []
+            hours = sum(r.summary.get("wall_time", 0.0) for r in runs) / 3600
+            total += hours
+            lines.append(f"| {split} | {part} | {len(runs)} | {hours:.1f} | {hours / 2:.1f} |")
+    text = "\n".join(lines) + (f"\n\nIn all {total:.1f} hours of one core, {total / 2:.1f} on 2 "
+                               "cores (the sum of the runs' wall times; an upper bound).\n")
+    atomic_write_text(out / "compute.md", text)
+    return text
+
+
 def grads_cap(split: str, source: str = "panel", sweep: str | None = None,
               tuned: Path | None = None) -> float:
     """Mean gradient evaluations per worker of Alg. 1's finished runs: the panel's, or the
@@ -178,6 +200,8 @@ def main(argv=None) -> None:
         raise SystemExit("error: --sweep reads one split's runs: give one --split")
     if args.command == "aggregate":
         done = [s for s in args.split if aggregate(s, args.sweep, Path(args.out))]
+        if not args.sweep:
+            print(compute_spent(sweep_dir("lm", panel("iid")).parent.parent, Path(args.out)))
         if done and (Path(args.out) / "reduction.md").exists():
             print((Path(args.out) / "reduction.md").read_text())
     elif args.command == "plot":
