@@ -232,3 +232,14 @@ def test_a_reading_takes_the_named_groups_from_a_shared_sweep(tmp_path):
     with pytest.raises(SystemExit, match="gluon has runs under both"):
         fair.panel_runs("cnn", "uplink", own, shared=(other, ("gluon",)))
     assert fair_panels.SHARED[("cnn", "uplink")][1] == ("gluon", "alg1", "alg2")
+
+
+@pytest.mark.parametrize("what,reduction,low,high,expected", [
+    ("uplink", 0.62, 0.58, 0.66, "needs 62% [58, 66] less uplink (adds)"),
+    ("gradient evaluations", 0.5, 0.4, 0.6, "needs 50% [40, 60] fewer gradient evaluations"),
+    ("gradient evaluations", -0.99, -1.59, -0.55,
+     "needs 99% [55, 159] more gradient evaluations (costs)")])
+def test_a_reduction_is_said_in_words_with_its_sign(what, reduction, low, high, expected):
+    r = {"reduction": reduction, "low": low, "high": high, "seeds_reached": 10, "seeds": 10,
+         "verdict": fair.verdict(reduction, low, high, 10, 10)}
+    assert fair._against(r, what).startswith(expected)

@@ -130,10 +130,18 @@ def markdown(rows: list[dict]) -> str:
     return text + "\n" + answer(rows) + "\n"
 
 
+LESS = {"uplink": ("less", "more"), "gradient evaluations": ("fewer", "more")}
+
+
 def _against(r: dict, what: str) -> str:
-    """Alg. 1's result against one baseline, in words (numbers from the row)."""
+    """A method's result against one baseline, in words (numbers from the row): a negative
+    reduction is said as "more"."""
     if _num(r["reduction"]):
-        return f"needs {_pct(r)} less {what} ({r['verdict']})"
+        less, more = LESS[what]
+        red, low, high = (100 * float(r[k]) for k in ("reduction", "low", "high"))
+        if red >= 0:
+            return f"needs {red:.0f}% [{low:.0f}, {high:.0f}] {less} {what} ({r['verdict']})"
+        return f"needs {-red:.0f}% [{-high:.0f}, {-low:.0f}] {more} {what} ({r['verdict']})"
     reached, seeds = int(r["seeds_reached"]), int(r["seeds"])
     if reached == 0:
         return f"never reaches its final level (0 of {seeds} seeds)"
@@ -149,18 +157,23 @@ def answer(rows: list[dict]) -> str:
         for reading, what in (("uplink", "uplink"), ("compute", "gradient evaluations")):
             here = [r for r in rows if r["task"] == task and r["reading"] == reading]
             best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
-            cells = [get.get((task, reading, "alg1", b)) for b in ("gluon", best, "local_gluon")]
-            if not here or None in cells:
+            if not here or best is None:
                 continue
-            paper, top, local = cells
-            parts.append(f"at equal {reading}, Alg. 1 {_against(paper, what)} against Gluon at "
-                         f"B = 1 (the paper's baseline); against the best dense baseline, "
-                         f"{SHORT[best]}, it {_against(top, what)}; against Local Gluon, which "
-                         f"sends only the syncs, it {_against(local, what)}")
+            said = {best: f"against the best dense baseline, {SHORT[best]},",
+                    "local_gluon": "against Local Gluon, which sends only the syncs,",
+                    "gluon": "against Gluon at B = 1 (the paper's baseline"
+                             + (" and here the best dense baseline)" if best == "gluon" else ")")}
+            cells = [(b, get.get((task, reading, "alg1", b)))
+                     for b in dict.fromkeys(("gluon", best, "local_gluon"))]
+            if any(c is None for _, c in cells):
+                continue
+            words = [f"{said[b]} it {_against(c, what)}" if b != "gluon" else
+                     f"Alg. 1 {_against(c, what)} {said[b]}" for b, c in cells]
+            parts.append(f"at equal {reading}, " + "; ".join(words))
             ef21 = get.get((task, reading, "ef21_muon", "gluon"))
             if ef21 is not None and _num(ef21["reduction"]):
                 parts[-1] += (f"; EF21-Muon (TopK 1% with error feedback, B = 1), re-tuned, "
-                              f"{_against(ef21, what)} against Gluon at B = 1")
+                              f"{_against(ef21, what)} than Gluon at B = 1")
         out.append(f"**{task}**: " + ("; ".join(parts) + "." if parts else "pending."))
     return "\n\n".join(out)
 
