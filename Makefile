@@ -156,7 +156,8 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/ef21_muon steps=200000 max_grads=$(FAIR_CAP_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1 compressor.density=0.1   # 0.1% is 1% on a5a (k = 1)
-	$(LOGREG_SWEEP) experiment=fair_logreg/tune_compute_large_batch_gluon
+	for g in tune_compute_large_batch_gluon tune_compute_large_batch_gluon_edges; do \
+	  $(LOGREG_SWEEP) experiment=fair_logreg/$$g || exit 1; done
 	$(PY) -m scripts.analysis.select_tuned --x grads --sweep $$($(PY) -m experiments.run.sweep dir logreg \
 	  fair_logreg/tune_compute_large_batch_gluon) --out configs/tuned/fair_logreg_compute \
 	  --table results/fair/tune_compute_scores_logreg.csv
@@ -209,7 +210,7 @@ lm: $(STAMP)  ## [study] one LM run of Algorithm 1 (RandK 1%, B = 16) to 20 unit
 
 lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and the 5-seed panel per worker split; skips finished runs (about 7 hours on 2 cores)
 	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
-	  for m in gluon gluon_edges alg1 alg2 large_batch_gluon local_gluon; do \
+	  for m in gluon gluon_edges alg1 alg1_edges alg2 large_batch_gluon local_gluon; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t) || exit 1; \
 	  $(LM_SWEEP) experiment=$$t/tune_ef21_muon \
