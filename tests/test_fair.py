@@ -193,7 +193,7 @@ def _block(path: Path, name: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.parametrize("doc,name", [("docs/fair.md", "fair"), ("README.md", "fair-answer")])
+@pytest.mark.parametrize("doc,name", [("docs/fair.md", "fair"), ("README.md", "fair")])
 def test_docs_quote_the_committed_decomposition(doc, name, monkeypatch):
     monkeypatch.chdir(REPO)
     assert _block(REPO / doc, name) == fair.quoted()[name]
@@ -243,3 +243,16 @@ def test_a_reduction_is_said_in_words_with_its_sign(what, reduction, low, high, 
     r = {"reduction": reduction, "low": low, "high": high, "seeds_reached": 10, "seeds": 10,
          "verdict": fair.verdict(reduction, low, high, 10, 10)}
     assert fair._against(r, what).startswith(expected)
+
+
+def test_large_batch_gluons_tuned_b_is_named_in_each_reading(panel):
+    """At equal compute large-batch Gluon may tune to B = 1 (Gluon itself): the table and the
+    sentence say which B the reading's large-batch Gluon has."""
+    groups = fair.panel_runs("logreg", "uplink", panel)
+    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(fair.DENSE), budget=100,
+                          width=1e-9, task="a5a", x="comm")
+    d = fair.decomposition(rows, "a5a", "uplink", {"large_batch_gluon": 16, "alg1": 4})
+    assert {r["baseline_B"] for r in d if r["baseline"] == "large_batch_gluon"} == {16}
+    assert {r["baseline_B"] for r in d if r["baseline"] != "large_batch_gluon"} == {""}
+    text = fair.markdown(d)
+    assert "(best dense, B = 16)" in text and "large-batch Gluon (tuned for this reading: B = 16)" in text

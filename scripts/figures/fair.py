@@ -59,15 +59,17 @@ def method_order(label: str) -> tuple:
 
 DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
                         "baseline_x", "reduction", "low", "high", "interval", "seeds",
-                        "seeds_reached", "baseline_censored", "verdict"]
+                        "seeds_reached", "baseline_censored", "verdict", "baseline_B"]
 
 
-def decomposition(rows: list[dict], task: str, reading: str) -> list[dict]:
+def decomposition(rows: list[dict], task: str, reading: str,
+                  batch: dict[str, int] | None = None) -> list[dict]:
     """From a reading's reduction rows: each method of METHODS (and Alg. 1 at the other RandK
     densities run, ``alg1@<density>``) against each dense baseline at that baseline's final
     level (smoothed first hit), with the interval Figure 2's README uses (the percentile
     bootstrap from 10 seeds on, the paired t-interval below) and its verdict. ``best_dense``
-    marks the dense baseline with the lowest final level."""
+    marks the dense baseline with the lowest final level; ``baseline_B`` is large-batch Gluon's B
+    in this reading (``batch``: {label: B}), tuned for it (B = 1 is Gluon itself)."""
     finals = [r for r in rows if r["level"] == "baseline_final"
               and r["metric"] == "smoothed_first_hit"]
     by = {(r["baseline"], r["method"]): r for r in finals}
@@ -90,7 +92,8 @@ def decomposition(rows: list[dict], task: str, reading: str) -> list[dict]:
                         "seeds": r["seeds"], "seeds_reached": r["seeds_reached"],
                         "baseline_censored": r["baseline_censored"],
                         "verdict": verdict(r["reduction"], low, high, r["seeds_reached"],
-                                           r["seeds"])})
+                                           r["seeds"]),
+                        "baseline_B": (batch or {}).get(b) if b == "large_batch_gluon" else ""})
     return out
 
 
@@ -119,7 +122,10 @@ def markdown(rows: list[dict]) -> str:
             if r is None:
                 cells.append("-")
                 continue
-            best = " (best dense)" if r["best_dense"] in (True, "True") else ""
+            marks = ["best dense"] if r["best_dense"] in (True, "True") else []
+            if str(r.get("baseline_B", "")) not in ("", "None"):
+                marks.append(f"B = {int(float(r['baseline_B'])):,}")
+            best = f" ({', '.join(marks)})" if marks else ""
             cells.append(f"{_pct(r)} {r['verdict']}{best}" if _num(r["reduction"])
                          else f"{r['verdict']}{best}")
         lines.append(f"| {task} | {reading} | {label_text(m)} | " + " | ".join(cells) + " |")
@@ -159,7 +165,10 @@ def answer(rows: list[dict]) -> str:
             best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
             if not here or best is None:
                 continue
-            said = {best: f"against the best dense baseline, {SHORT[best]},",
+            B = next((r.get("baseline_B") for r in here if r["baseline"] == best
+                      and str(r.get("baseline_B", "")) not in ("", "None")), None)
+            said = {best: f"against the best dense baseline, {SHORT[best]}"
+                          + (f" (tuned for this reading: B = {int(float(B)):,})" if B else "") + ",",
                     "local_gluon": "against Local Gluon, which sends only the syncs,",
                     "gluon": "against Gluon at B = 1 (the paper's baseline"
                              + (" and here the best dense baseline)" if best == "gluon" else ")")}
@@ -217,7 +226,8 @@ def aggregate(task: str) -> None:
         for r in rows:
             r["reading"] = name
         reductions += rows
-        decomposed += decomposition(rows, panel.name, name)
+        decomposed += decomposition(rows, panel.name, name,
+                                    {label: g[0].config["method"].get("B") for label, g in groups.items()})
         settings[name] = {label: {"method": {k: v for k, v in g[0].config["method"].items()
                                              if v is not None},
                                   "compressor": {k: v for k, v in g[0].config["compressor"].items()
@@ -250,6 +260,12 @@ def grads_cap(task: str, method: str = "alg1") -> int:
 
 # ---------------------------------------------------------------- the figure
 
+def batch_of(info: dict, label: str) -> str:
+    """Large-batch Gluon's B in a reading's legend (its tuned B differs by reading)."""
+    B = info.get(label, {}).get("method", {}).get("B") if label == "large_batch_gluon" else None
+    return f" (B = {B:,})" if B else ""
+
+
 def plot(out: Path = FIG) -> Path:
     import matplotlib
     matplotlib.use("Agg")
@@ -275,7 +291,8 @@ def plot(out: Path = FIG) -> Path:
                 base, _, density = label.partition("@")
                 ls = "--" if base in BASELINES else ("-" if not density else ":")
                 band_curve(ax, rs, "comm", ls, lw=1.5, color=f"C{order(label)[0] % 10}",
-                           label=label_text(label), band_alpha=0.18, raw_alpha=0.3)
+                           label=label_text(label) + batch_of(settings.get(name, {}), label),
+                           band_alpha=0.18, raw_alpha=0.3)
             info = settings.get(name, {})
             window = next(iter(info.values()), {}).get("window", "?")
             log_axes(ax, int(rows[0]['seeds']), window, fontsize=7)
@@ -292,7 +309,7 @@ def readme() -> str:
     return (OUT / "decomposition.md").read_text()
 
 
-DOCS = (Path("README.md"), Path("docs/fair.md"))   # README: fair-answer; docs/fair.md: fair
+DOCS = (Path("README.md"), Path("docs/fair.md"))   # both quote the whole block (fair)
 
 
 def block(name: str) -> re.Pattern:
