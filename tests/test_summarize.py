@@ -88,6 +88,9 @@ def by_lr(table, method="gluon"):
 def test_one_row_per_config_with_the_numbers_by_hand(sweep):
     table, info = S.summarize(sweep)
     assert info["metric"] == "gap" and info["runs"] == 9 and info["configs"] == 4
+    # the compute spent: the finished runs' training times (0.5 + seed s each), summed
+    assert info["train_hours"] == pytest.approx((0.5 + 1.5 + 2.5 + 0.5 + 1.5 + 0.5) / 3600)
+    assert S.header(info).endswith("; training took 0.00 hours of one core (all runs)")
     # the columns that differ between configs, in the schema's order; not the seed, not the
     # operational keys that differ between seeds (threads, results_dir, checkpoint_every)
     assert list(table.columns[:3]) == ["method", "method.lr", "method.q"]

@@ -20,6 +20,9 @@ table has a row per config (``--per-run``: a row per run) with
   logged value (the smallest, or the largest for an accuracy);
 * ``comm`` (uplink per worker, in dense gradients), ``steps`` and ``train_s``: means.
 
+The line above the table ends with the compute the sweep spent: its runs' training times summed,
+in hours of one core (each run is one process).
+
 The metric is ``gap`` when the runs log it (a5a), else ``loss``, unless ``--metric`` names
 another. A diverged run's final value is the worst possible (+inf, -inf for an accuracy), so
 its config's mean says so; runs that failed, are damaged (summary.json and metrics.jsonl
@@ -238,7 +241,8 @@ def summarize(sweep_dir: str | Path, metric: str | None = None,
             "columns": cols,
             "damaged": {r["dir"].relative_to(sweep_dir).as_posix(): r["damage"]
                         for r in loaded if r["damage"]},
-            "legacy": sum(r["legacy"] for r in loaded)}
+            "legacy": sum(r["legacy"] for r in loaded),
+            "train_hours": float(pd.to_numeric(runs_df["train_s"], errors="coerce").sum()) / 3600}
     if per_run:
         table = runs_df.rename(columns={"final": final, "best": best})
         table = table[cols + ["seed", "status", final, best, *NUMERIC, "run"]]
@@ -305,6 +309,8 @@ def header(info: dict) -> str:
             f"({info['statuses']}); metric {info['metric']} ({best} is best)")
     if info["named"]:
         text += "; every config: " + ", ".join(f"{k}={v}" for k, v in info["named"].items())
+    if info.get("train_hours"):
+        text += f"; training took {info['train_hours']:.2f} hours of one core (all runs)"
     return text
 
 
