@@ -256,3 +256,14 @@ def test_large_batch_gluons_tuned_b_is_named_in_each_reading(panel):
     assert {r["baseline_B"] for r in d if r["baseline"] != "large_batch_gluon"} == {""}
     text = fair.markdown(d)
     assert "(best dense, B = 16)" in text and "large-batch Gluon (tuned for this reading: B = 16)" in text
+
+
+def test_the_raw_first_hit_stands_beside_the_smoothed_one(panel):
+    """Every cell carries the raw first hit's reduction too (docs/statistics.md): the hand-made
+    runs hold their levels exactly, so the raw reduction equals the smoothed one here."""
+    d = table(panel)
+    r = d[("alg1", "gluon")]
+    assert r["raw_reduction"] == pytest.approx(r["reduction"])
+    assert r["raw_low"] <= r["raw_reduction"] <= r["raw_high"]
+    text = fair.markdown(list(d.values()))
+    assert f"; raw {100 * r['raw_reduction']:.0f}% [" in text and "then by the raw first hit" in text
