@@ -167,7 +167,7 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 # seeds a baseline; Gluon, Alg. 1 and 2 come from the CNN-gap panel (make cnn-gap). Tens of hours
 # on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and finished ones skip.
 FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
-fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN at equal uplink: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
+fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
 	for m in large_batch_gluon local_gluon; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
 	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn \
@@ -176,6 +176,11 @@ fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN at equal u
 	$(CNN_SWEEP) experiment=fair_cnn/uplink
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=cnn_gap/alg1 compressor.density=0.001,0.1
+	$(CNN_SWEEP) experiment=fair_cnn/tune_compute_large_batch_gluon   # equal compute: B = 1 among B
+	$(PY) -m scripts.analysis.select_tuned --x grads --sweep $$($(PY) -m experiments.run.sweep dir cnn \
+	  fair_cnn/tune_compute_large_batch_gluon) --out configs/tuned/fair_cnn_compute --metric loss \
+	  --table results/fair/tune_compute_scores_cnn.csv
+	$(CNN_SWEEP) experiment=fair_cnn/compute     # the other methods are read off their uplink runs
 
 .PHONY: fig-cost shaped shaped-cnn
 fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panel re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)

@@ -267,3 +267,23 @@ def test_the_raw_first_hit_stands_beside_the_smoothed_one(panel):
     assert r["raw_low"] <= r["raw_reduction"] <= r["raw_high"]
     text = fair.markdown(list(d.values()))
     assert f"; raw {100 * r['raw_reduction']:.0f}% [" in text and "then by the raw first hit" in text
+
+
+def test_a_reading_reads_methods_off_runs_that_cover_its_budget(tmp_path, monkeypatch):
+    """The CNN's compute reading runs only its dense B = 1 baselines to the gradient budget and
+    reads Alg. 1 (and the others READ_OFF names) off the uplink runs, which spend more; a run
+    that stops before the budget is refused by name."""
+    sweeps = tmp_path / "sweeps"
+    monkeypatch.setattr(fair_panels, "SWEEPS", sweeps)
+    monkeypatch.setattr(fair_panels, "SHARED", {})
+    for s in range(2):
+        fake(sweeps / "cnn" / "compute", "gluon", s, baseline(80, 0.1), grads=1.0)  # budget 100
+        fake(sweeps / "cnn" / "uplink", "alg1", s, drop(30, 0.01), grads=2.0, density=0.01)
+        fake(sweeps / "cnn" / "uplink", "large_batch_gluon", s, baseline(80, 0.05), grads=0.5)
+    groups, budget = fair_panels.reading_runs("cnn", "compute")
+    assert budget == 100 and list(groups) == ["gluon", "alg1"]      # not the uplink's LB Gluon
+    assert fair_panels.READ_OFF[("cnn", "compute")][1] == ("local_gluon", "ef21_muon", "alg1",
+                                                            "alg2")
+    fake(sweeps / "cnn" / "uplink", "alg2", 0, drop(30, 0.1), grads=0.5)   # ends at 50 < 100
+    with pytest.raises(SystemExit, match="1 alg2 run.* stop before 100"):
+        fair_panels.reading_runs("cnn", "compute")

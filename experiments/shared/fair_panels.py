@@ -115,3 +115,37 @@ def budget_of(groups: dict, reading: Reading, root) -> float:
         raise SystemExit(f"the runs under {root} have budgets ({reading.budget_key}) "
                          f"{sorted(budgets, key=str)}: a reading needs one")
     return float(budgets.pop())
+
+
+# Methods a reading reads off another reading's runs, which cover its budget, instead of running
+# them again: the CNN's compute reading takes Alg. 1, Alg. 2, EF21-Muon and Local Gluon from its
+# uplink reading (their runs spend more than its gradient budget; a run is the same up to any
+# point whatever stops it), and runs only the baselines whose uplink runs stop short of it.
+READ_OFF = {("cnn", "compute"): ("uplink", ("local_gluon", "ef21_muon", "alg1", "alg2"))}
+
+
+def reading_runs(task: str, reading: str) -> tuple[dict[str, list], float]:
+    """({label: runs}, budget) of one reading: its own sweep's runs, whose budget key sets the
+    budget, and the groups READ_OFF takes from another reading, every run of which must reach
+    the budget on the reading's axis (else SystemExit naming it). ({}, nan) without own runs."""
+    spec = READINGS[reading]
+    groups = panel_runs(task, reading)
+    if not groups:
+        return {}, float("nan")
+    budget = budget_of(groups, spec, sweep_of(task, reading))
+    source, labels = READ_OFF.get((task, reading), (None, ()))
+    if source:
+        for label, runs in panel_runs(task, source).items():
+            if label not in labels:
+                continue
+            if label in groups:
+                raise SystemExit(f"{label} has runs in both the {reading} and the {source} "
+                                 f"readings of {task}, which reads it off the {source} runs: "
+                                 f"remove those under {sweep_of(task, reading)}")
+            short = [r for r in runs if r.rows[-1][spec.x] < budget]
+            if short:
+                raise SystemExit(f"{len(short)} {label} run(s) of the {source} reading stop "
+                                 f"before {budget:g} ({spec.x}), the {reading} reading's budget: "
+                                 f"{short[0].path}")
+            groups[label] = runs
+    return dict(sorted(groups.items(), key=lambda kv: order(kv[0]))), budget

@@ -28,8 +28,8 @@ import numpy as np
 from experiments.shared.statistics import reduction_rows, smoothed_curves, window_of
 from experiments.shared.tables import read_csv, write_csv
 from experiments.shared.fair_panels import (BASELINES, DENSE, METHODS, PANELS, READINGS,
-                                            SHORT, SWEEPS, budget_of, label_text, order, panel_runs,
-                                            sweep_of)
+                                            SHORT, SWEEPS, label_text, order, panel_runs,
+                                            reading_runs, sweep_of)
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes
 
@@ -232,11 +232,10 @@ def aggregate(task: str) -> None:
     decomposed, reductions, settings = [], [], {}
     for name, reading in READINGS.items():
         root = sweep_of(task, name)
-        groups = panel_runs(task, name, root)
+        groups, budget = reading_runs(task, name)
         if not groups:
             print(f"[fair] {root}: no finished runs yet; skipped")
             continue
-        budget = budget_of(groups, reading, root)
         window = window_of(budget)
         write_csv(smoothed_curves(groups, panel.metric, budget, window, x=reading.x),
                   OUT / f"{task}_{name}_curves.csv")
