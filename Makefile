@@ -168,7 +168,7 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 # on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and finished ones skip.
 FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
 fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
-	for m in large_batch_gluon local_gluon; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
+	for m in large_batch_gluon large_batch_gluon_edges local_gluon; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
 	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn \
 	  fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
