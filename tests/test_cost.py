@@ -270,6 +270,12 @@ def test_lm_compute_from_its_bench_table(tmp_path):
     assert c.grad_s == pytest.approx(0.080 / 4)
     assert c.step_s["gluon"] == pytest.approx(0.020 / 4)
     assert c.step_s["alg1"] == pytest.approx((0.1 * 0.020 + 0.9 * 0.040) / 4)
+    no_gluon = tmp_path / "no_gluon" / "lm.md"
+    no_gluon.parent.mkdir()
+    no_gluon.write_text("\n".join(l for l in (tmp_path / "lm.md").read_text().splitlines()
+                                  if not l.startswith("| gluon ")))
+    with pytest.raises(ValueError, match="no 'gluon' row"):
+        cost_model._lm_compute(no_gluon)
     committed = cost_model.bench_compute("lm_iid", REPO / "results" / "bench")
     assert 1e-3 < committed.grad_s < 1.0 and set(committed.step_s) >= {"gluon", "alg1", "alg2",
                                                                         "ef21_muon"}

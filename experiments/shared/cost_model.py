@@ -167,6 +167,7 @@ def _lm_compute(path: Path) -> Compute:
     n = int(re.search(r"n = (\d+) workers", text)[1])
     q = float(re.search(r"q = ([0-9.]+)", text)[1])
     first: dict[str, str] = {}                     # method -> the first (smallest) B's row name
+    grad = None
     outside: dict[str, dict[str, float]] = {}       # method -> step kind -> s per worker and step
     for row in _table_rows(text.split("\n\nEvaluation")[0])[1:]:
         name, kind, ms, g = row[0], row[1], float(row[3]), float(row[5])
@@ -181,6 +182,8 @@ def _lm_compute(path: Path) -> Compute:
             step_s[m] = kinds["every step"]
         else:
             step_s[m] = q * kinds["sync (u = 1)"] + (1 - q) * kinds["other (u = 0)"]
+    if grad is None:
+        raise ValueError(f"{path} has no 'gluon' row: rerun `make bench-lm` to rewrite it")
     return Compute(grad, step_s, f"{path} (make bench-lm)")
 
 

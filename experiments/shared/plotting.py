@@ -16,10 +16,18 @@ def band_curve(ax, rows: list[dict], x: str, style: str, *, lw: float, color=Non
     return line
 
 
-def log_axes(ax, seeds: int, window, *, fontsize: float, tail: str = "; thin: unsmoothed") -> None:
-    """A log-scale metric axis with its grid, and the legend titled by the statistic."""
+def log_axes(ax, seeds: int, window, *, fontsize: float, tail: str = "; thin: unsmoothed",
+             below: bool = False) -> None:
+    """A log-scale metric axis with its grid, and the legend titled by the statistic (``below``:
+    under the axes, in two columns, where the curves fill the panel)."""
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=fontsize, title_fontsize=7,
+    place = dict(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2) if below else {}
+    ax.legend(fontsize=fontsize, title_fontsize=7, **place,
               title=f"geometric mean of {seeds} seeds, trailing {window}-unit window; band: "
                     f"95% bootstrap CI{tail}")
+
+
+def no_runs(ax, hint: str) -> None:
+    """An empty panel that says what to run to fill it."""
+    ax.text(0.5, 0.5, f"no results yet:\n{hint}", ha="center", va="center", transform=ax.transAxes)

@@ -31,7 +31,7 @@ from experiments.shared.fair_panels import (BASELINES, DENSE, METHODS, PANELS, R
                                             SHORT, SWEEPS, label_text, order, panel_runs,
                                             reading_runs, sweep_of)
 from experiments.shared.files import atomic_write_text
-from experiments.shared.plotting import band_curve, log_axes
+from experiments.shared.plotting import band_curve, log_axes, no_runs
 
 OUT = Path("results/fair")
 FIG = Path("figures")
@@ -290,7 +290,7 @@ def plot(out: Path = FIG) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(PANELS), len(READINGS), figsize=(12, 4.4 * len(PANELS)),
+    fig, axes = plt.subplots(len(PANELS), len(READINGS), figsize=(12, 5.6 * len(PANELS)),
                              squeeze=False)
     for row, (task, panel) in zip(axes, PANELS.items()):
         meta = OUT / f"{task}_settings.json"
@@ -302,8 +302,7 @@ def plot(out: Path = FIG) -> Path:
             path = OUT / f"{task}_{name}_curves.csv"
             rows = read_csv(path) if path.exists() else []
             if not rows:
-                ax.text(0.5, 0.5, "no runs yet\n(docs/fair.md, Status)", ha="center", va="center",
-                        transform=ax.transAxes)
+                no_runs(ax, "make fair-cnn-runs (docs/fair.md)")
                 continue
             for label in sorted({r["label"] for r in rows}, key=order):
                 rs = [r for r in rows if r["label"] == label]
@@ -314,7 +313,7 @@ def plot(out: Path = FIG) -> Path:
                            band_alpha=0.18, raw_alpha=0.3)
             info = settings.get(name, {})
             window = next(iter(info.values()), {}).get("window", "?")
-            log_axes(ax, int(rows[0]['seeds']), window, fontsize=7)
+            log_axes(ax, int(rows[0]['seeds']), window, fontsize=7, below=True)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "fig2_fair.png"

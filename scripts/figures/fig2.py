@@ -23,7 +23,7 @@ from experiments.shared.statistics import load_runs, reduction_rows, smoothed_cu
 from experiments.shared.tables import read_csv, write_csv, write_table
 from experiments.shared.files import atomic_write_text
 from experiments.shared.configs import cnn_widths, sweep_dir
-from experiments.shared.plotting import band_curve, log_axes
+from experiments.shared.plotting import band_curve, log_axes, no_runs
 from experiments.shared.fig2_panels import LABELS, PAPER_CLAIM, TASKS, budget_of, label, order
 
 OUT = Path("results/fig2")
@@ -117,8 +117,7 @@ def plot(out: Path = FIG) -> None:
         ax.set_ylabel(spec["ylabel"])
         rows = read_csv(path) if path.exists() else []
         if not rows or "smoothed" not in rows[0]:      # none yet, or without the smoothed column
-            ax.text(0.5, 0.5, f"no results yet:\nmake fig2-{task}", ha="center", va="center",
-                    transform=ax.transAxes)
+            no_runs(ax, f"make fig2-{task}")
             continue
         for m in sorted({r["label"] for r in rows}, key=order):
             rs = [r for r in rows if r["label"] == m]

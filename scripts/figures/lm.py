@@ -30,7 +30,7 @@ from experiments.shared.configs import CONFIGS, sweep_dir
 from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, order
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
-from experiments.shared.plotting import band_curve, log_axes
+from experiments.shared.plotting import band_curve, log_axes, no_runs
 from experiments.shared.statistics import by_method as runs_by_method
 from experiments.shared.statistics import (load_runs, reduction_rows,
                                            smoothed_curves, window_of)
@@ -126,8 +126,7 @@ def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
         ax.set_ylabel("validation loss (fixed windows)")
         rows = read_csv(path) if path.exists() else []
         if not rows:
-            ax.text(0.5, 0.5, "no results yet:\nmake lm-runs", ha="center", va="center",
-                    transform=ax.transAxes)
+            no_runs(ax, "make lm-runs")
             continue
         for m in sorted({r["label"] for r in rows}, key=order):
             rs = [r for r in rows if r["label"] == m]
