@@ -84,3 +84,11 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> N
     """:func:`atomic_write` for a text file."""
     data = text.encode(encoding)
     atomic_write(path, lambda fh: fh.write(data))
+
+
+def publish(text: str, out: str | Path | None) -> None:
+    """A bench's report: printed, and written atomically to ``out`` when one is given."""
+    print(text)
+    if out:
+        atomic_write_text(out, text)
+        print(f"wrote {out}")

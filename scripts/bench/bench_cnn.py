@@ -32,7 +32,7 @@ import torch
 from experiments.shared.configs import cnn_widths
 from experiments.tasks.cifar10 import Cifar
 from experiments.tasks.cnn import build, cpu_has_native_bf16
-from experiments.shared.files import atomic_write_text
+from experiments.shared.files import atomic_write_text, publish
 from experiments.run.config import compose, validate
 from experiments.shared.timing import Clock
 from experiments.tasks import ResolvedConfig
@@ -285,9 +285,7 @@ def main(argv=None):
                     f"for gradients and evaluation; Delta stays fp32), n = 4, batch 16, "
                     f"q = {args.q}, B = {args.B}, RandK/TopK 1%, {machine}{together}\n\n"
                     + compare_paths(args))
-        print(text)
-        if args.out:
-            atomic_write_text(args.out, text)
+        publish(text, args.out)
         return
     print(f"torch {torch.__version__}, {args.threads} thread(s), CPU, airbench94 widths "
           f"{args.widths}, n = 4, batch 16, q = {args.q}, B = {args.B}, density 1%\n")

@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from experiments.run.config import compose
-from experiments.shared.files import REPO, atomic_write_text
+from experiments.shared.files import REPO, publish
 from experiments.shared.timing import Clock
 from experiments.tasks import ResolvedConfig, lm, settings
 from gluon import make_compressor
@@ -244,10 +244,7 @@ def main(argv=None):
             results.append(bench(m, args, B))
             print(f"{name(results[-1])}: done", flush=True)
     text = report(results, args)
-    print(text)
-    if args.out:
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}")
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ import argparse
 import platform
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
 import gluon
 import gluon.methods as gm
 from experiments.tasks import libsvm_file, split
-from experiments.shared.files import atomic_write_text
+from experiments.shared.files import publish
 from experiments.tasks.logreg import LogRegOracle, load_libsvm
 
 # row label -> (method name, compressor, hyperparameters). "alg2 with C = 0" is Local Gluon as
@@ -108,10 +107,8 @@ def main(argv=None):
                      + " | ".join(f"{100 * share.get(c, 0):.0f}%" for c in cols) + " |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, text)
+    print()
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

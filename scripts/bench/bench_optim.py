@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from experiments.shared.configs import cnn_widths
-from experiments.shared.files import atomic_write_text
+from experiments.shared.files import publish
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
@@ -200,10 +200,7 @@ def main(argv=None):
                      f"{1e3 * own_g['cpu']:.1f} vs DDP + SGD {1e3 * res['ddp_sgd']['cpu']:.1f} "
                      f"CPU ms ({own_g['cpu'] / res['ddp_sgd']['cpu']:.2f}x).")
     text = head + "\n" + "\n".join(notes) + "\n\n" + table(res) + "\n"
-    print(text)
-    if args.out:
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}")
+    publish(text, args.out)
 
 
 if __name__ == "__main__":
