@@ -361,7 +361,13 @@ def test_the_bench_prices_the_whole_study_from_its_grids():
                for m, (_, takes) in bench_lm.SETTINGS.items()
                for B in ([4, 16] if "B" in takes else [None])]
     runs = sum(len(bench_lm.grid(m)) for m in bench_lm.SETTINGS) + 5 * len(bench_lm.SETTINGS)
-    assert len(bench_lm.grid("gluon")) == 16 and len(bench_lm.grid("alg1")) == 6
+    assert len(bench_lm.grid("gluon")) >= 16 and len(bench_lm.grid("alg1")) >= 6
+    base = [r for r in bench_lm.grid("gluon")][:16]            # tune_gluon.yaml: 4 lr x 4 beta
+    assert {r["method.lr"] for r in base} == {"0.005", "0.01", "0.02", "0.04"}
+    edges = bench_lm.grid("gluon")[16:]                        # tune_gluon_edges.yaml: its keys win
+    assert edges and {r["method.lr"] for r in edges} == {"0.04", "0.08"} \
+        and all(r["seed"] == "100" for r in edges)
+    assert not any(r.get("method.B") for r in bench_lm.grid("gluon"))   # large_batch_gluon apart
     text = bench_lm.study(results, q=0.1, log_comm=2.0)
     assert f"both splits {2 * runs * 200 / 3600:.1f} hours of one core" in text
     assert f"**{runs * 200 / 3600:.1f} hours on 2 cores**" in text

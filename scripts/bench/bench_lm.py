@@ -126,13 +126,25 @@ def minutes(r: dict, q: float, budget: float, log_comm: float, cap: dict | None 
 STUDY = REPO / "configs" / "experiment" / "lm"
 
 
+def _params(path) -> dict:
+    return yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
+
+
 def grid(method: str) -> list[dict]:
-    """The runs of configs/experiment/lm/tune_<method>.yaml on one split: one dict of the swept
-    keys per run (comma lists expanded, as hydra's basic sweeper does)."""
-    params = yaml.safe_load((STUDY / f"tune_{method}.yaml").read_text())["hydra"]["sweeper"]["params"]
-    keys = list(params)
-    values = [str(params[k]).split(",") for k in keys]
-    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+    """The runs of configs/experiment/lm/tune_<method>.yaml on one split, and of the grids that
+    extend it at its edges (tune_<method>_*.yaml, whose defaults name it and whose swept keys
+    replace its own): one dict of the swept keys per run (comma lists expanded, as hydra's basic
+    sweeper does)."""
+    base = _params(STUDY / f"tune_{method}.yaml")
+    grids = [base] + [{**base, **_params(p)} for p in sorted(STUDY.glob(f"tune_{method}_*.yaml"))
+                      if f"/experiment/lm/tune_{method}" in
+                      (yaml.safe_load(p.read_text()).get("defaults") or [])]
+    runs = []
+    for params in grids:
+        keys = list(params)
+        values = [str(params[k]).split(",") for k in keys]
+        runs += [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+    return runs
 
 
 def study(results: list[dict], q: float, log_comm: float) -> str:
@@ -164,7 +176,7 @@ def study(results: list[dict], q: float, log_comm: float) -> str:
     splits = 2
     return ("\nThe study from scratch (`make lm-runs`, the grids of configs/experiment/lm/ on each of "
             f"{splits} splits, a budget of {budget:g} units; the panel at each grid's largest B, an upper "
-            "bound):\n\n| method | tuning runs per split | tuning, CPU hours | panel seeds | "
+            "bound; the grids extended at their edges included):\n\n| method | tuning runs per split | tuning, CPU hours | panel seeds | "
             "panel, CPU hours |\n|---|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
             f"Per split {total / 60:.1f} CPU hours; both splits {splits * total / 60:.1f} hours of "
             f"one core, **{splits * total / 120:.1f} hours on 2 cores** (two runs at a time).\n")
