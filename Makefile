@@ -164,16 +164,23 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 	$(LOGREG_SWEEP) experiment=fair_logreg/compute
 
 # The CNN half (configs/experiment/fair_cnn/): tuning grids coarse to fine (B = 4 first), then five
-# seeds a baseline; Gluon, Alg. 1 and 2 come from the CNN-gap panel (make cnn-gap). Tens of hours
-# on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and finished ones skip.
+# seeds a baseline; Gluon, Alg. 1 and 2 come from the CNN-gap panel (make cnn-gap). Each baseline's
+# panel runs as soon as its grid is chosen, so `make fair` reads the CNN baseline by baseline.
+# Tens of hours on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and
+# finished ones skip.
 FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
-fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
-	for m in large_batch_gluon large_batch_gluon_edges local_gluon; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
-	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
-	$(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir cnn \
-	  fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
+FAIR_SELECT_CNN = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir \
+	  cnn fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
 	  --table results/fair/tune_scores_cnn.csv
-	$(CNN_SWEEP) experiment=fair_cnn/uplink
+fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
+	for m in large_batch_gluon large_batch_gluon_edges; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
+	$(FAIR_SELECT_CNN)
+	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
+	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
+	$(FAIR_SELECT_CNN)
+	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/local_gluon
+	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
+	$(FAIR_SELECT_CNN)
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=cnn_gap/alg1 compressor.density=0.001,0.1
 	$(CNN_SWEEP) experiment=fair_cnn/tune_compute_large_batch_gluon   # equal compute: B = 1 among B
