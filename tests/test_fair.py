@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from experiments.shared.statistics import reduction_rows
+from experiments.shared import decomposition as dec
 from experiments.shared import fair_panels
+from experiments.shared.fair_panels import DENSE
 from scripts.figures import fair
 
 from experiments.shared.files import REPO
@@ -68,10 +70,10 @@ def panel(tmp_path):
 
 def table(root, x="comm"):
     groups = fair.panel_runs("logreg", "uplink", root)
-    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(fair.DENSE), budget=100,
+    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(DENSE), budget=100,
                           width=1e-9, task="a5a", x=x)        # a window narrower than a row
     return {(r["method"], r["baseline"]): r
-            for r in fair.decomposition(rows, "a5a", "uplink" if x == "comm" else "compute")}
+            for r in dec.decomposition(rows, "a5a", "uplink" if x == "comm" else "compute")}
 
 
 def test_decomposition_at_equal_uplink_by_hand(panel):
@@ -120,7 +122,7 @@ def test_a_method_slower_than_the_baseline_costs(tmp_path):
     ((math.nan, math.nan, math.nan, 7, 10), "not reached (7/10 seeds)"),
     ((0.5, 0.4, 0.6, 9, 10), "not reached (9/10 seeds)")])
 def test_the_rule_fixed_before_the_runs(args, expected):
-    assert fair.verdict(*args) == expected
+    assert dec.verdict(*args) == expected
 
 
 def test_alg1_at_another_density_is_its_own_group(tmp_path):
@@ -142,7 +144,7 @@ def test_the_decomposition_reads_alg1_at_each_density(tmp_path):
     assert [m for m, b in d if b == "gluon"] == ["alg1", "alg1@0.1"]
     assert d[("alg1", "gluon")]["reduction"] == pytest.approx(1 - 30 / 90)
     assert d[("alg1@0.1", "gluon")]["reduction"] == pytest.approx(1 - 40 / 90)
-    assert "| Alg. 1 (RandK 10%) |" in fair.markdown(list(d.values()))
+    assert "| Alg. 1 (RandK 10%) |" in dec.markdown(list(d.values()))
 
 
 def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monkeypatch):
@@ -241,20 +243,20 @@ def test_a_reading_takes_the_named_groups_from_a_shared_sweep(tmp_path):
      "needs 99% [55, 159] more gradient evaluations (costs)")])
 def test_a_reduction_is_said_in_words_with_its_sign(what, reduction, low, high, expected):
     r = {"reduction": reduction, "low": low, "high": high, "seeds_reached": 10, "seeds": 10,
-         "verdict": fair.verdict(reduction, low, high, 10, 10)}
-    assert fair._against(r, what).startswith(expected)
+         "verdict": dec.verdict(reduction, low, high, 10, 10)}
+    assert dec._against(r, what).startswith(expected)
 
 
 def test_large_batch_gluons_tuned_b_is_named_in_each_reading(panel):
     """At equal compute large-batch Gluon may tune to B = 1 (Gluon itself): the table and the
     sentence say which B the reading's large-batch Gluon has."""
     groups = fair.panel_runs("logreg", "uplink", panel)
-    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(fair.DENSE), budget=100,
+    rows = reduction_rows(groups, "gap", eps_list=[], baselines=list(DENSE), budget=100,
                           width=1e-9, task="a5a", x="comm")
-    d = fair.decomposition(rows, "a5a", "uplink", {"large_batch_gluon": 16, "alg1": 4})
+    d = dec.decomposition(rows, "a5a", "uplink", {"large_batch_gluon": 16, "alg1": 4})
     assert {r["baseline_B"] for r in d if r["baseline"] == "large_batch_gluon"} == {16}
     assert {r["baseline_B"] for r in d if r["baseline"] != "large_batch_gluon"} == {""}
-    text = fair.markdown(d)
+    text = dec.markdown(d)
     assert "(best dense, B = 16)" in text and "large-batch Gluon (tuned for this reading: B = 16)" in text
 
 
@@ -265,7 +267,7 @@ def test_the_raw_first_hit_stands_beside_the_smoothed_one(panel):
     r = d[("alg1", "gluon")]
     assert r["raw_reduction"] == pytest.approx(r["reduction"])
     assert r["raw_low"] <= r["raw_reduction"] <= r["raw_high"]
-    text = fair.markdown(list(d.values()))
+    text = dec.markdown(list(d.values()))
     assert f"; raw {100 * r['raw_reduction']:.0f}% [" in text and "then by the raw first hit" in text
 
 
