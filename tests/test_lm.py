@@ -341,6 +341,13 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
     assert rows and rows[0]["task"] == "lm_iid" and rows[0]["baseline"] == "gluon"
     assert rows[0]["reduction"] > 0.4                  # Alg. 1 reaches Gluon's level in half
     assert fig.grads_cap("iid", sweep=str(panel)) == pytest.approx(20 * 31.0)
+    dec = {(r["method"], r["baseline"]): r for r in fig.read_csv(out / "decomposition.csv")}
+    assert dec[("alg1", "gluon")]["task"] == "lm_iid" and dec[("alg1", "gluon")]["reading"] == "uplink"
+    assert dec[("alg1", "gluon")]["reduction"] == pytest.approx(rows[0]["reduction"])
+    assert dec[("alg1", "gluon")]["interval"] == "95% t-interval"          # 3 seeds
+    block = fig.readme(out)
+    assert block.startswith((out / "decomposition.md").read_text())
+    assert "| lm_iid | uplink | Alg. 1 (RandK 1%) |" in block and "AdamW" in block
     for B, g in ((4, 10.0), (16, 40.0)):
         fake_panel_run(tune, "alg1", 100, [3.0] * 21, g, lr=0.001, B=B)
     tuned = tmp_path / "alg1.yaml"
@@ -348,6 +355,18 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
     assert fig.grads_cap("iid", "tune", str(tune), tuned) == pytest.approx(20 * 40.0)
     fig.plot(out, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/lm.md"])
+def test_the_pages_quote_the_committed_lm_tables(page, monkeypatch):
+    """The README's and docs/lm.md's block `lm` is what `make fig-lm` writes from results/lm/."""
+    import re
+    from scripts.figures import lm as fig
+    monkeypatch.chdir(REPO)
+    m = re.search(r"<!-- lm:begin -->\n(.*?)<!-- lm:end -->", (REPO / page).read_text(), re.S)
+    assert m, f"{page} has no lm:begin/lm:end block"
+    assert m.group(1) == fig.quoted()["lm"]
+    assert "1.88" in m.group(1)                           # AdamW beside nanoGPT's number
 
 
 def test_the_bench_prices_the_whole_study_from_its_grids():

@@ -112,7 +112,7 @@ def markdown(rows: list[dict]) -> str:
         f"against {SHORT[b]}" for b in DENSE) + " |", "|---|---|---|" + "---|" * len(DENSE)]
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     keys = sorted({(r["task"], r["reading"], r["method"]) for r in rows},
-                  key=lambda k: (k[0] != "a5a", list(READINGS).index(k[1]), method_order(k[2])))
+                  key=lambda k: (k[0] != "a5a", k[0], list(READINGS).index(k[1]), method_order(k[2])))
     for task, reading, m in keys:
         cells = []
         for b in DENSE:
@@ -157,7 +157,7 @@ def answer(rows: list[dict]) -> str:
     """The one-sentence mechanism per panel, written from the table (the README quotes it)."""
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     out = []
-    for task in sorted({r["task"] for r in rows}, key=lambda t: t != "a5a"):
+    for task in sorted({r["task"] for r in rows}, key=lambda t: (t != "a5a", t)):
         parts = []
         for reading, what in (("uplink", "uplink"), ("compute", "gradient evaluations")):
             here = [r for r in rows if r["task"] == task and r["reading"] == reading]
@@ -191,7 +191,7 @@ def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
     rewrite decomposition.md from the whole CSV."""
     path = out / "decomposition.csv"
     keep = [r for r in read_csv(path) if r["task"] != task_name] if path.exists() else []
-    all_rows = sorted(keep + rows, key=lambda r: r["task"] != "a5a")
+    all_rows = sorted(keep + rows, key=lambda r: (r["task"] != "a5a", r["task"]))   # a5a first
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")
     w.writeheader()

@@ -5,6 +5,7 @@ split, with Figure 2's statistic (docs/statistics.md), and its reduction table.
                                                     # (and compute.md: what the study's runs took)
     python -m scripts.figures.lm plot               # results/lm/*_curves.csv -> figures/fig_lm.png
     python -m scripts.figures.lm grads-cap --split iid [--from tune]   # EF21-Muon's compute cap
+    python -m scripts.figures.lm readme             # the README's block (aggregate writes it there)
 
 ``aggregate`` reads the runs of ``configs/experiment/lm/panel_<split>.yaml``'s sweep (or
 ``--sweep DIR`` for one ``--split``) and writes, per split, the curves over seeds
@@ -27,6 +28,7 @@ import numpy as np
 import yaml
 
 from experiments.shared.configs import CONFIGS, sweep_dir
+from experiments.shared.decomposition import decomposition, quote_in_pages, write_decomposition
 from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, order
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
@@ -41,6 +43,8 @@ OUT = Path("results/lm")
 FIG = Path("figures/fig_lm.png")
 METRIC = "val_loss"
 EPS = [2.4, 2.2, 2.0]          # fixed validation-loss levels, beside the baselines' final levels
+DOCS = (Path("README.md"), Path("docs/lm.md"))    # both quote the block `lm` (readme())
+NANOGPT_CPU = 1.88             # nanoGPT's shakespeare_char CPU example: its reported val loss
 SPLIT_TITLE = {"iid": "iid: every worker samples the whole training text",
                "plays": "plays: worker tau owns the tau-th contiguous part"}
 
@@ -69,6 +73,9 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
                           baselines=[b for b in BASELINES if b in by_method], task=f"lm_{split}")
     write_table(rows, out / "reduction.csv", out / "reduction.md", replace_task=f"lm_{split}")
+    write_decomposition(decomposition(rows, f"lm_{split}", "uplink",
+                                      {m: g[0].config["method"].get("B") for m, g in by_method.items()}),
+                        f"lm_{split}", out)
     settings = {}
     for m, g in by_method.items():
         s0 = g[0].summary
@@ -185,9 +192,51 @@ def grads_cap(split: str, source: str = "panel", sweep: str | None = None,
     return float(np.mean([r.rows[-1]["grads"] for r in runs]))
 
 
+def adamw_line(out: Path = OUT) -> str:
+    """The dense AdamW reference in one sentence, from results/lm/adamw_<preset>.json
+    (``make lm-reference``), beside nanoGPT's number."""
+    found = {p: json.loads((out / f"adamw_{p}.json").read_text())
+             for p in ("nanogpt", "budget") if (out / f"adamw_{p}.json").exists()}
+    if not found:
+        return "The dense AdamW reference has not run (`make lm-reference`)."
+    said = []
+    if "nanogpt" in found:
+        n = found["nanogpt"]
+        f, st = n["final"], n["settings"]
+        said.append(f"at nanoGPT's CPU example (width {st['model']['n_embd']}, {st['steps']:,} "
+                    f"steps of {st['batch_windows']} windows) {f['val_loss_full']:.2f} on the whole "
+                    f"validation text, where nanoGPT reports about {NANOGPT_CPU}")
+    if "budget" in found:
+        b = found["budget"]
+        said.append(f"at this study's profile and Gluon's token budget "
+                    f"{b['final']['val_loss']:.2f} on the fixed windows (its best of lr "
+                    + ", ".join(f"{lr:g}" for lr in b["settings"]["lr"]) + ")")
+    return ("Dense AdamW, one process (a reference that the model trains well, not a baseline "
+            "of the paper): " + "; ".join(said) + ".")
+
+
+def readme(out: Path = OUT) -> str:
+    """The LM's block of the README and docs/lm.md: the decomposition of each split's panel
+    (Alg. 1, 2 and EF21-Muon against Gluon, large-batch Gluon and Local Gluon at each one's
+    final level, with intervals and the rule's verdict) and the AdamW reference."""
+    path = out / "decomposition.md"
+    table = path.read_text() if path.exists() else \
+        "No panel has run yet (`make lm-runs`): no reduction is claimed.\n"
+    return table + "\n" + adamw_line(out) + "\n"
+
+
+def quoted(out: Path = OUT) -> dict[str, str]:
+    return {"lm": readme(out)}
+
+
+def quote_in_docs(pages=DOCS, out: Path = OUT) -> None:
+    """Write the block ``lm`` of each page from the committed tables (a test checks they match)."""
+    quote_in_pages(pages, quoted(out))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["aggregate", "plot", "grads-cap"])
+    p.add_argument("command", choices=["aggregate", "plot", "grads-cap", "readme"])
     p.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS)
     p.add_argument("--sweep", default=None, help="the runs' folder (with one --split)")
     p.add_argument("--from", dest="source", choices=["panel", "tune"], default="panel")
@@ -203,6 +252,10 @@ def main(argv=None) -> None:
             print(compute_spent(sweep_dir("lm", panel("iid")).parent.parent, Path(args.out)))
         if done and (Path(args.out) / "reduction.md").exists():
             print((Path(args.out) / "reduction.md").read_text())
+        if not args.sweep and Path(args.out) == OUT:
+            quote_in_docs()
+    elif args.command == "readme":
+        print(readme(Path(args.out)), end="")
     elif args.command == "plot":
         plot(Path(args.out), Path(args.fig))
     else:
