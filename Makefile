@@ -220,7 +220,7 @@ lm: $(STAMP)  ## [study] one LM run of Algorithm 1 (RandK 1%, B = 16) to 20 unit
 	@$(PY) -m experiments.lm profile=$(LM_PROFILE) method=alg1 compressor=randk compressor.density=0.01 \
 	  method.q=0.1 method.B=16 method.lr=0.001 max_comm=20 seed=0 hydra.run.dir=results/runs/lm_example
 
-lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and the 5-seed panel per worker split; skips finished runs (about 7 hours on 2 cores)
+lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, their edge extensions and the 5-seed panel per worker split; skips finished runs (hours on 2 cores; docs/lm.md)
 	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
 	  for m in gluon gluon_edges alg1 alg1_edges alg1_b1 alg2 alg2_b1 large_batch_gluon local_gluon; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
@@ -233,7 +233,7 @@ lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids and
 	    max_grads=$$($(PY) -m scripts.figures.lm grads-cap --split $$s) || exit 1; \
 	done
 
-fig-lm: $(STAMP)  ## [study] the LM figure from the committed runs: figures/fig_lm.png, results/lm/reduction.{csv,md} (docs/lm.md)
+fig-lm: $(STAMP)  ## [study] the LM figure from the committed runs: figures/fig_lm.png, results/lm/{reduction,decomposition}.{csv,md}, the block the README quotes (docs/lm.md)
 	$(PY) -m scripts.figures.lm aggregate
 	$(PY) -m scripts.figures.lm plot
 
