@@ -369,6 +369,21 @@ def test_the_pages_quote_the_committed_lm_tables(page, monkeypatch):
     assert "1.88" in m.group(1)                           # AdamW beside nanoGPT's number
 
 
+def test_the_vmap_probe_times_the_workers_own_gradients():
+    """bench-lm --probe-vmap: the vmapped gradients equal the one-by-one ones (checked inside),
+    and the three ways are timed."""
+    import re
+    from types import SimpleNamespace
+    from scripts.bench import bench_lm
+    args = SimpleNamespace(profile="lm/cpu", threads=1, density=0.01, q=0.1, set=[
+        "task.n_layer=1", "task.n_head=2", "task.n_embd=16", "task.block_size=16", "batch_size=4",
+        "task.eval_train=8", "task.eval_val=8"])
+    line = bench_lm.workers_batched(args, repeats=1)
+    times = re.findall(r"(one after another|vmap over the workers|one batch of all \(the floor\)) "
+                       r"([0-9]+\.[0-9])", line)
+    assert len(times) == 3 and all(float(t) > 0 for _, t in times)
+
+
 def test_the_bench_prices_the_whole_study_from_its_grids():
     """make bench-lm's study price: every run of every tuning grid and of the 5-seed panel, on
     both splits. With every step costing 1 s of CPU for one unit of uplink and one gradient (and

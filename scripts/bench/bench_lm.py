@@ -103,6 +103,41 @@ def bench(method_name: str, args, B: int) -> dict:
     return out
 
 
+def workers_batched(args, repeats: int = 10) -> str:
+    """A speed idea, probed before building it: the n workers evaluate their gradients at the
+    same X, so one vmap over the workers' minibatches (torch.func) could replace n calls. CPU ms
+    for the n gradients: one after another (as the study runs), vmapped, and one batch of n
+    minibatches (the mean gradient only: the floor any batching could reach)."""
+    from torch.func import grad, vmap
+    torch.set_num_threads(args.threads)
+    built = lm.build(config("gluon", args, None), make_compressor("identity"))
+    method = built.method
+    oracles = [w.oracle for w in method.workers]
+    gen = torch.Generator().manual_seed(0)
+    batches = [o.sample(gen) for o in oracles]
+    o = oracles[0]
+    o.model.train()
+    xs, ys = torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])
+    g = grad(lambda p, x, y: o._loss(p, (x, y, None)))
+    ways = {"one after another": lambda: [w.grad(method.params, b) for w, b in zip(oracles, batches)],
+            "vmap over the workers": lambda: vmap(g, in_dims=(None, 0, 0))(method.params, xs, ys),
+            "one batch of all (the floor)": lambda: g(method.params, xs.flatten(0, 1),
+                                                       ys.flatten(0, 1))}
+    one, batched = ways["one after another"](), ways["vmap over the workers"]()
+    for i, gi in enumerate(one):        # the batched gradients are the workers' own
+        for a, b in zip(gi, batched):
+            torch.testing.assert_close(b[i], a, rtol=1e-4, atol=1e-6)
+    ms = {}
+    for name, f in ways.items():
+        f()
+        c0 = time.process_time()
+        for _ in range(repeats):
+            f()
+        ms[name] = 1e3 * (time.process_time() - c0) / repeats
+    return (f"The {len(oracles)} workers' gradients at one X, CPU ms (mean of {repeats}): "
+            + "; ".join(f"{k} {v:.1f}" for k, v in ms.items()) + ".")
+
+
 def per_step(r: dict, q: float, key: str) -> float:
     """CPU seconds ("cpu"), uplink ("uplink") or gradients per worker ("grads") a step, in
     expectation over the coin."""
@@ -249,7 +284,12 @@ def main(argv=None):
     p.add_argument("--log-comm", type=float, default=2.0, help="units of uplink between rows")
     p.add_argument("--minutes", type=float, default=30.0, help="the time a run may take")
     p.add_argument("--out", default="results/bench/lm.md", help="the markdown report ('': none)")
+    p.add_argument("--probe-vmap", action="store_true",
+                   help="only time the workers' gradients batched with vmap against one by one")
     args = p.parse_args(argv)
+    if args.probe_vmap:
+        print(workers_batched(args))
+        return
     results = []
     for m in args.methods:
         for B in (args.B if "B" in SETTINGS[m][1] else [None]):
