@@ -114,6 +114,18 @@ def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
     assert (tmp_path / "scores.csv").read_text().count("\n") == 4   # header + 3 candidates
 
 
+def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
+    """select_tuned names the settings to extend: lr at the top of its grid is one; B = 1 (no
+    fewer minibatches), q = 1 and density 1 (no more) are the limits, not edges."""
+    table = [{"method": "alg1", "method.lr": lr, "method.B": B, "method.q": q}
+             for lr in (0.001, 0.002) for B in (1, 4) for q in (0.1, 1.0)]
+    edges = select_tuned.grid_edges(table, "alg1", {"method.lr": 0.002, "method.B": 1,
+                                                    "method.q": 1.0})
+    assert edges == ["method.lr=0.002 (highest of 0.001, 0.002)"]
+    assert select_tuned.grid_edges(table, "alg1", {"method.B": 4, "method.q": 0.1}) == [
+        "method.B=4 (highest of 1, 4)", "method.q=0.1 (lowest of 0.1, 1)"]
+
+
 def test_a_run_stopped_by_its_compute_cap_is_scored_over_the_uplink_it_reached(tmp_path):
     """EF21-Muon capped at Alg. 1's gradient evaluations (max_grads) stops short of the uplink
     budget by design: it is scored over the range it reaches, as at an iteration cap, while a

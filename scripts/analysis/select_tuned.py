@@ -72,16 +72,22 @@ def select(runs, metric: str, budget: float, x: str = "comm"):
     return best, table
 
 
+LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (None, 1)}
+"""Settings that cannot go past a value (B >= 1 minibatch, q <= 1, density <= 1): a choice there
+is not an edge to extend."""
+
+
 def grid_edges(table: list[dict], name: str, chosen: dict) -> list[str]:
     """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
     or the highest value tried (when the grid has more than one value there): a grid to extend,
-    unless the edge is a hard limit (beta < 1, q <= 1)."""
+    unless the edge is a hard limit (``LIMITS``)."""
     rows = [r for r in table if r["method"] == name]
     out = []
     for key, value in chosen.items():
         values = sorted({r[key] for r in rows if isinstance(r.get(key), (int, float))
                          and not isinstance(r.get(key), bool)})
-        if len(values) > 1 and value in (values[0], values[-1]):
+        low, high = LIMITS.get(key, (None, None))
+        if len(values) > 1 and value in (values[0], values[-1]) and value not in (low, high):
             out.append(f"{key}={value:g} ({'lowest' if value == values[0] else 'highest'} of "
                        f"{', '.join(f'{v:g}' for v in values)})")
     return out
