@@ -171,10 +171,10 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
 FAIR_SELECT_CNN = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir \
 	  cnn fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
-	  --table results/fair/tune_scores_cnn.csv
+	  --table results/fair/tune_scores_cnn.csv --strict --stop method.B=64   # B stops at 64 as Alg. 1's did
 fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
-	for m in large_batch_gluon large_batch_gluon_edges; do $(CNN_SWEEP) experiment=fair_cnn/tune_$$m || exit 1; done
-	$(FAIR_SELECT_CNN)
+	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon
+	$(FAIR_SELECT_CNN)    # stops here while a choice sits on a grid edge: extend that grid first
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
 	$(FAIR_SELECT_CNN)

@@ -126,6 +126,20 @@ def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
         "method.B=4 (highest of 1, 4)", "method.q=0.1 (lowest of 0.1, 1)"]
 
 
+def test_strict_selection_stops_at_an_edge_unless_the_axis_was_stopped_there(tmp_path):
+    """--strict: a choice on the edge of its grid writes no tuned config and exits 1 (so a
+    pipeline stops before its panel); --stop KEY=VALUE declares an axis stopped there on purpose."""
+    comm = [0, 10, 20, 30, 40]
+    for B, tail in ((4, [.3, .2, .1, .05]), (16, [.2, .1, .05, .02])):
+        fake_run(tmp_path / "s", f"B{B}", 100, comm, [1] + tail, lr=0.02, beta=0.9, B=B)
+    args = ["--sweep", str(tmp_path / "s"), "--strict"]
+    with pytest.raises(SystemExit, match="alg1 chose on an edge of its grid"):
+        select_tuned.main(args + ["--out", str(tmp_path / "a")])
+    assert not (tmp_path / "a" / "alg1.yaml").exists()
+    select_tuned.main(args + ["--out", str(tmp_path / "b"), "--stop", "method.B=16"])
+    assert "B: 16" in (tmp_path / "b" / "alg1.yaml").read_text()
+
+
 def test_a_run_stopped_by_its_compute_cap_is_scored_over_the_uplink_it_reached(tmp_path):
     """EF21-Muon capped at Alg. 1's gradient evaluations (max_grads) stops short of the uplink
     budget by design: it is scored over the range it reaches, as at an iteration cap, while a

@@ -77,17 +77,20 @@ LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (N
 is not an edge to extend."""
 
 
-def grid_edges(table: list[dict], name: str, chosen: dict) -> list[str]:
+def grid_edges(table: list[dict], name: str, chosen: dict,
+               stops: dict[str, float] | None = None) -> list[str]:
     """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
     or the highest value tried (when the grid has more than one value there): a grid to extend,
-    unless the edge is a hard limit (``LIMITS``)."""
+    unless the edge is a hard limit (``LIMITS``) or an axis stopped there on purpose (``stops``:
+    {key: value}, e.g. B stopped for compute)."""
     rows = [r for r in table if r["method"] == name]
     out = []
     for key, value in chosen.items():
         values = sorted({r[key] for r in rows if isinstance(r.get(key), (int, float))
                          and not isinstance(r.get(key), bool)})
         low, high = LIMITS.get(key, (None, None))
-        if len(values) > 1 and value in (values[0], values[-1]) and value not in (low, high):
+        if len(values) > 1 and value in (values[0], values[-1]) and value not in (low, high) \
+                and (stops or {}).get(key) != value:
             out.append(f"{key}={value:g} ({'lowest' if value == values[0] else 'highest'} of "
                        f"{', '.join(f'{v:g}' for v in values)})")
     return out
@@ -113,7 +116,17 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=None,
                     help="the budget on that axis; default: the runs' max_comm (max_grads)")
     ap.add_argument("--table", default=None, help="CSV of every candidate's score")
+    ap.add_argument("--stop", action="append", default=[], metavar="KEY=VALUE",
+                    help="an axis stopped at VALUE on purpose (say why in the grid's config), "
+                         "e.g. method.B=64: a choice there is not an edge")
+    ap.add_argument("--strict", action="store_true",
+                    help="a choice on an edge of its grid is an error: no tuned config is written "
+                         "for it, and the exit status is 1 (a pipeline stops before its panel)")
     args = ap.parse_args(argv)
+    try:
+        stops = {k: float(v) for k, v in (a.split("=", 1) for a in args.stop)}
+    except ValueError:
+        raise SystemExit(f"error: --stop takes KEY=NUMBER, e.g. method.B=64 (got {args.stop})")
     runs = load_runs(args.sweep)
     if not runs:
         raise SystemExit(f"no finished runs under {args.sweep}: run the tuning sweep first")
@@ -125,6 +138,7 @@ def main(argv=None):
     best, table = select(runs, args.metric, budget, args.x)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    at_edge: list[str] = []
     for name, (score, cfg, group) in sorted(best.items()):
         if math.isinf(score):
             print(f"warning: every {name} candidate diverged or fell short of the budget")
@@ -132,14 +146,21 @@ def main(argv=None):
         crit = criterion if end == budget else CRITERION.format(metric=args.metric, axis=axis,
                                                                 budget=end) + \
             f" (its iteration cap stops it at {end:g} of the budget {budget:g})"
-        atomic_write_text(out / f"{name}.yaml", tuned_yaml(cfg, score, crit, args.sweep))
+        chosen = {f"method.{k}": v for k, v in cfg["method"].items() if k != "name"}
+        edges = grid_edges(table, name, chosen, stops)
+        if not (args.strict and edges):
+            atomic_write_text(out / f"{name}.yaml", tuned_yaml(cfg, score, crit, args.sweep))
         print(f"{name:18s} score {score:8.4f} over {len(group)} seed(s)  method {cfg['method']}  "
               f"compressor {cfg['compressor']}")
-        chosen = {f"method.{k}": v for k, v in cfg["method"].items() if k != "name"}
-        for edge in grid_edges(table, name, chosen):
+        for edge in edges:
             print(f"{'':18s} at the edge of its grid: {edge}")
+            at_edge.append(name)
     if args.table:
         write_csv(table, Path(args.table))
+    if args.strict and at_edge:
+        raise SystemExit(f"error: {', '.join(sorted(set(at_edge)))} chose on an edge of its grid: "
+                         "extend the grid there and rerun (no tuned config written for it), or "
+                         "stop the axis on purpose with --stop KEY=VALUE")
 
 
 if __name__ == "__main__":
