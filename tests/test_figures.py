@@ -124,6 +124,14 @@ def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
     assert edges == ["method.lr=0.002 (highest of 0.001, 0.002)"]
     assert select_tuned.grid_edges(table, "alg1", {"method.B": 4, "method.q": 0.1}) == [
         "method.B=4 (highest of 1, 4)", "method.q=0.1 (lowest of 0.1, 1)"]
+    # an extension at one B: lr 0.004 was tried at B = 4 only, so at B = 1 the top lr is 0.002
+    ext = table + [{"method": "alg1", "method.lr": 0.004, "method.B": 4, "method.q": 1.0}]
+    assert select_tuned.grid_edges(ext, "alg1", {"method.lr": 0.002, "method.B": 1,
+                                                 "method.q": 1.0}) == [
+        "method.lr=0.002 (highest of 0.001, 0.002)"]
+    assert select_tuned.grid_edges(ext, "alg1", {"method.lr": 0.002, "method.B": 4,
+                                                 "method.q": 1.0}) == [
+        "method.B=4 (highest of 1, 4)"]                  # at B = 4, lr 0.002 is inside
 
 
 def test_strict_selection_stops_at_an_edge_unless_the_axis_was_stopped_there(tmp_path):

@@ -80,13 +80,18 @@ is not an edge to extend."""
 def grid_edges(table: list[dict], name: str, chosen: dict,
                stops: dict[str, float] | None = None) -> list[str]:
     """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
-    or the highest value tried (when the grid has more than one value there): a grid to extend,
+    or the highest value tried along the line through it (the other settings held at the chosen
+    ones; when that line has more than one value): a grid to extend,
     unless the edge is a hard limit (``LIMITS``) or an axis stopped there on purpose (``stops``:
     {key: value}, e.g. B stopped for compute)."""
     rows = [r for r in table if r["method"] == name]
     out = []
     for key, value in chosen.items():
-        values = sorted({r[key] for r in rows if isinstance(r.get(key), (int, float))
+        # the values tried for `key` with every other setting at the chosen one: the line through
+        # the choice (for a full grid, the grid's values; an extension at one B counts there alone)
+        line = [r for r in rows if all(r.get(k) == v for k, v in chosen.items()
+                                       if k != key and k in r)]
+        values = sorted({r[key] for r in line if isinstance(r.get(key), (int, float))
                          and not isinstance(r.get(key), bool)})
         low, high = LIMITS.get(key, (None, None))
         if len(values) > 1 and value in (values[0], values[-1]) and value not in (low, high) \
