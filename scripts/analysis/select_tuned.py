@@ -159,11 +159,12 @@ def main(argv=None):
               f"compressor {cfg['compressor']}")
         for edge in edges:
             print(f"{'':18s} at the edge of its grid: {edge}")
+        if edges:
             at_edge.append(name)
     if args.table:
         write_csv(table, Path(args.table))
     if args.strict and at_edge:
-        raise SystemExit(f"error: {', '.join(sorted(set(at_edge)))} chose on an edge of its grid: "
+        raise SystemExit(f"error: {', '.join(at_edge)} chose on an edge of its grid: "
                          "extend the grid there and rerun (no tuned config written for it), or "
                          "stop the axis on purpose with --stop KEY=VALUE")
 

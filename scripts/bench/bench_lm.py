@@ -164,19 +164,18 @@ def minutes(r: dict, q: float, budget: float, log_comm: float, cap: dict | None 
 STUDY = REPO / "configs" / "experiment" / "lm"
 
 
-def _params(path) -> dict:
-    return yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
-
-
 def grid(method: str) -> list[dict]:
     """The runs of configs/experiment/lm/tune_<method>.yaml on one split, and of the grids that
     extend it at its edges (tune_<method>_*.yaml, whose defaults name it and whose swept keys
     replace its own): one dict of the swept keys per run (comma lists expanded, as hydra's basic
     sweeper does)."""
-    base = _params(STUDY / f"tune_{method}.yaml")
-    grids = [base] + [{**base, **_params(p)} for p in sorted(STUDY.glob(f"tune_{method}_*.yaml"))
-                      if f"/experiment/lm/tune_{method}" in
-                      (yaml.safe_load(p.read_text()).get("defaults") or [])]
+    def load(path) -> dict:
+        return yaml.safe_load(path.read_text())
+
+    base = load(STUDY / f"tune_{method}.yaml")["hydra"]["sweeper"]["params"]
+    extensions = (load(p) for p in sorted(STUDY.glob(f"tune_{method}_*.yaml")))
+    grids = [base] + [{**base, **y["hydra"]["sweeper"]["params"]} for y in extensions
+                      if f"/experiment/lm/tune_{method}" in (y.get("defaults") or [])]
     runs = []
     for params in grids:
         keys = list(params)
