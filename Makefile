@@ -223,7 +223,7 @@ lm: $(STAMP)  ## [study] one LM run of Algorithm 1 (RandK 1%, B = 16) to 20 unit
 
 lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, their edge extensions and the 5-seed panel per worker split; skips finished runs (hours on 2 cores; docs/lm.md)
 	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
-	  for m in gluon gluon_edges alg1 alg1_edges alg1_b1 alg2 alg2_b1 large_batch_gluon large_batch_gluon_edges local_gluon; do \
+	  for m in gluon gluon_edges alg1 alg1_edges alg1_b1 alg2 alg2_b1 large_batch_gluon large_batch_gluon_edges local_gluon local_gluon_edges; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t) || exit 1; \
 	  $(LM_SWEEP) experiment=$$t/tune_ef21_muon \
