@@ -174,6 +174,7 @@ FAIR_SELECT_CNN = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m exp
 	  --table results/fair/tune_scores_cnn.csv --strict --stop method.B=64   # B stops at 64 as Alg. 1's did
 fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon
+	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon_edges   # lr 0.4 at B = 64
 	$(FAIR_SELECT_CNN)    # stops here while a choice sits on a grid edge: extend that grid first
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
