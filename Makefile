@@ -212,7 +212,7 @@ LM_SWEEP = $(PY) -m experiments.lm -m launcher=$(CNN_LAUNCHER)
 # $(1): the split, $(2): its tuning grids' folder under configs/experiment/ (lm, lm/plays)
 LM_SELECT = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir lm \
 	  $(2)/tune_gluon) --out configs/tuned/lm_$(1) --metric val_loss --table results/lm/tune_scores_$(1).csv \
-	  --strict    # a choice on a grid edge stops lm-runs before the panel: extend that grid first
+	  --strict --stop method.B=64   # a choice on a grid edge stops lm-runs before the panel: extend that grid first; B stops at 64 for compute (docs/lm.md)
 # One example run: nanoGPT's shakespeare_char GPU shape when a GPU is visible, else the CPU profile.
 LM_PROFILE ?= $(shell $(PY) -c "import torch; print('lm/paper' if torch.cuda.is_available() else 'lm/cpu')" 2>/dev/null || echo lm/cpu)
 bench-lm: $(STAMP)  ## [develop] LM step time on CPU, where it goes, and the uplink budget an Alg. 1 run fits in 30 minutes of one core (results/bench/lm.md)
