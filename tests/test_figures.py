@@ -132,6 +132,17 @@ def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
     assert select_tuned.grid_edges(ext, "alg1", {"method.lr": 0.002, "method.B": 4,
                                                  "method.q": 1.0}) == [
         "method.B=4 (highest of 1, 4)"]                  # at B = 4, lr 0.002 is inside
+    # chosen at B = 16, tried there at lr 0.002 alone: lr is a searched axis, untested at this point
+    one = table + [{"method": "alg1", "method.lr": 0.002, "method.B": 16, "method.q": 1.0}]
+    assert select_tuned.grid_edges(one, "alg1", {"method.lr": 0.002, "method.B": 16,
+                                                 "method.q": 1.0}) == [
+        "method.lr=0.002 (the only value tried at the chosen point)",
+        "method.B=16 (highest of 1, 4, 16)"]
+    # an axis held fixed over the whole grid (beta 0.9 everywhere) was not searched: no edge
+    fixed = [dict(r, **{"method.beta": 0.9}) for r in table]
+    assert select_tuned.grid_edges(fixed, "alg1", {"method.lr": 0.001, "method.B": 1,
+                                                   "method.q": 1.0, "method.beta": 0.9}) == [
+        "method.lr=0.001 (lowest of 0.001, 0.002)"]
 
 
 def test_strict_selection_stops_at_an_edge_unless_the_axis_was_stopped_there(tmp_path):

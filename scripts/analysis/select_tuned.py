@@ -81,21 +81,28 @@ def grid_edges(table: list[dict], name: str, chosen: dict,
                stops: dict[str, float] | None = None) -> list[str]:
     """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
     or the highest value tried along the line through it (the other settings held at the chosen
-    ones; when that line has more than one value): a grid to extend,
-    unless the edge is a hard limit (``LIMITS``) or an axis stopped there on purpose (``stops``:
-    {key: value}, e.g. B stopped for compute)."""
+    ones): a grid to extend, unless the edge is a hard limit (``LIMITS``) or an axis stopped there
+    on purpose (``stops``: {key: value}, e.g. B stopped for compute). An axis with one value in the
+    whole grid was held fixed, not searched; on a searched axis, a choice that is the only value
+    tried along its line is untested on both sides, an edge too."""
     rows = [r for r in table if r["method"] == name]
     out = []
+    numeric = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
     for key, value in chosen.items():
+        searched = len({r[key] for r in rows if numeric(r.get(key))}) > 1
         # the values tried for `key` with every other setting at the chosen one: the line through
         # the choice (for a full grid, the grid's values; an extension at one B counts there alone)
         line = [r for r in rows if all(r.get(k) == v for k, v in chosen.items()
                                        if k != key and k in r)]
-        values = sorted({r[key] for r in line if isinstance(r.get(key), (int, float))
-                         and not isinstance(r.get(key), bool)})
+        values = sorted({r[key] for r in line if numeric(r.get(key))})
         low, high = LIMITS.get(key, (None, None))
-        if len(values) > 1 and value in (values[0], values[-1]) and value not in (low, high) \
-                and (stops or {}).get(key) != value:
+        if not searched or not numeric(value) or value not in (values[0], values[-1]) \
+                or value in (low, high) \
+                or (stops or {}).get(key) == value:
+            continue
+        if len(values) == 1:
+            out.append(f"{key}={value:g} (the only value tried at the chosen point)")
+        else:
             out.append(f"{key}={value:g} ({'lowest' if value == values[0] else 'highest'} of "
                        f"{', '.join(f'{v:g}' for v in values)})")
     return out
