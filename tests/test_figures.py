@@ -143,6 +143,12 @@ def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
     assert select_tuned.grid_edges(fixed, "alg1", {"method.lr": 0.001, "method.B": 1,
                                                    "method.q": 1.0, "method.beta": 0.9}) == [
         "method.lr=0.001 (lowest of 0.001, 0.002)"]
+    # a point above the choice with one of its two seeds landed is not tried yet: still an edge
+    two = [dict(r, seeds=2) for r in table] + [
+        {"method": "alg1", "method.lr": 0.004, "method.B": 1, "method.q": 1.0, "seeds": 1}]
+    assert select_tuned.grid_edges(two, "alg1", {"method.lr": 0.002, "method.B": 1,
+                                                 "method.q": 1.0}) == [
+        "method.lr=0.002 (highest of 0.001, 0.002)"]
 
 
 def test_strict_selection_stops_at_an_edge_unless_the_axis_was_stopped_there(tmp_path):

@@ -86,6 +86,8 @@ def grid_edges(table: list[dict], name: str, chosen: dict,
     whole grid was held fixed, not searched; on a searched axis, a choice that is the only value
     tried along its line is untested on both sides, an edge too."""
     rows = [r for r in table if r["method"] == name]
+    most = max((r.get("seeds", 1) for r in rows), default=1)
+    rows = [r for r in rows if r.get("seeds", 1) == most]   # a point still missing seeds is untried
     out = []
     numeric = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
     for key, value in chosen.items():
