@@ -139,18 +139,21 @@ fig2: fig2-logreg fig2-cnn  ## [reproduce] the paper's main figure, both panels
 .PHONY: fair fair-runs fair-cnn-runs
 FAIR_CAP_LOGREG = $$($(PY) -m scripts.figures.fair grads-cap --task logreg)
 FAIR_SELECT_LOGREG = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir logreg \
-	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv
+	  fair_logreg/tune_alg1) --out configs/tuned/fair_logreg --table results/fair/tune_scores_logreg.csv \
+	  --strict --stop method.B=1024   # B = 1,024: a5a's full local gradient up to sampling (docs/fair.md)
 fair: $(STAMP)  ## [study] what compression buys: figures/fig2_fair.png, results/fair/decomposition.{csv,md} from the committed runs (docs/fair.md)
 	$(PY) -m scripts.figures.fair aggregate
 	$(PY) -m scripts.figures.fair plot
 
 fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink and at equal compute: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
-	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 local_gluon local_gluon_edges \
-	         local_gluon_q0003 alg1 alg2 alg1_b1024; do \
+	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 large_batch_gluon_lines \
+	         local_gluon local_gluon_edges local_gluon_q0003 local_gluon_lines local_gluon_lines_beta \
+	         local_gluon_q003 local_gluon_q003_beta \
+	         alg1 alg1_b1024 alg1_lines alg2 alg2_lines alg2_b1024; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
-	$(FAIR_SELECT_LOGREG)
+	$(FAIR_SELECT_LOGREG)    # stops here while a choice sits on a grid edge: extend that grid first
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink tuned=fair_logreg/alg1      # Alg. 1's gradient count: the cap
-	for g in tune_ef21_muon tune_ef21_muon_edges; do \
+	for g in tune_ef21_muon tune_ef21_muon_edges tune_ef21_muon_lines; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/$$g max_grads=$(FAIR_CAP_LOGREG) || exit 1; done
 	$(FAIR_SELECT_LOGREG)
 	$(LOGREG_SWEEP) experiment=fair_logreg/uplink

@@ -289,3 +289,23 @@ def test_a_reading_reads_methods_off_runs_that_cover_its_budget(tmp_path, monkey
     fake(sweeps / "cnn" / "uplink", "alg2", 0, drop(30, 0.1), grads=0.5)   # ends at 50 < 100
     with pytest.raises(SystemExit, match="1 alg2 run.* stop before 100"):
         fair_panels.reading_runs("cnn", "compute")
+
+
+@pytest.mark.parametrize("target, folder", [("fair-runs", "fair_logreg"),
+                                            ("fair-cnn-runs", "fair_cnn")])
+def test_make_runs_every_tuning_grid_before_its_strict_selection(target, folder):
+    """Each grid of configs/experiment/<folder>/ (an edge extension included) is run by its make
+    target, and the target's selection is strict: a grid added for an edge but left out of the
+    recipe would leave the choice on that edge, and a non-strict selection would go on to the
+    panel with it."""
+    text = (REPO / "Makefile").read_text()
+    recipe = text.split(f"\n{target}:")[1].split("\n\n")[0]
+    grids = {p.stem for p in (REPO / "configs" / "experiment" / folder).glob("tune_*.yaml")}
+    named = set(re.findall(r"\btune_\w+", recipe.replace("tune_$$m", "")))
+    loops = re.findall(r"for [mg] in ([^;]+); do", recipe)
+    named |= {w if w.startswith("tune_") else f"tune_{w}"
+              for loop in loops for w in loop.replace("\\", " ").split()}
+    assert grids <= named, f"not run by make {target}: {sorted(grids - named)}"
+    var = re.search(r"\$\((FAIR_SELECT_\w+)\)", recipe).group(1)
+    definition = re.search(rf"\n{var} = ((?:.*\\\n)*.*)", text).group(1)
+    assert "--strict" in definition, f"{var} is not strict"

@@ -116,7 +116,8 @@ def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
 
 def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
     """select_tuned names the settings to extend: lr at the top of its grid is one; B = 1 (no
-    fewer minibatches), q = 1 and density 1 (no more) are the limits, not edges."""
+    fewer minibatches), q = 1 and density 1 (no more) and beta = 0 (no momentum) are the limits,
+    not edges."""
     table = [{"method": "alg1", "method.lr": lr, "method.B": B, "method.q": q}
              for lr in (0.001, 0.002) for B in (1, 4) for q in (0.1, 1.0)]
     edges = select_tuned.grid_edges(table, "alg1", {"method.lr": 0.002, "method.B": 1,
@@ -143,6 +144,15 @@ def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():
     assert select_tuned.grid_edges(fixed, "alg1", {"method.lr": 0.001, "method.B": 1,
                                                    "method.q": 1.0, "method.beta": 0.9}) == [
         "method.lr=0.001 (lowest of 0.001, 0.002)"]
+    # beta = 0 is the lowest momentum there is; beta 0.3, the lowest tried, is an edge
+    betas = [dict(r, **{"method.beta": b}) for r in table for b in (0.0, 0.3, 0.6)]
+    assert select_tuned.grid_edges(betas, "alg1", {"method.lr": 0.001, "method.B": 4,
+                                                   "method.q": 1.0, "method.beta": 0.0}) == [
+        "method.lr=0.001 (lowest of 0.001, 0.002)", "method.B=4 (highest of 1, 4)"]
+    assert select_tuned.grid_edges([r for r in betas if r["method.beta"]], "alg1", {
+        "method.lr": 0.001, "method.B": 4, "method.q": 1.0, "method.beta": 0.3}) == [
+        "method.lr=0.001 (lowest of 0.001, 0.002)", "method.B=4 (highest of 1, 4)",
+        "method.beta=0.3 (lowest of 0.3, 0.6)"]
     # a point above the choice with one of its two seeds landed is not tried yet: still an edge
     two = [dict(r, seeds=2) for r in table] + [
         {"method": "alg1", "method.lr": 0.004, "method.B": 1, "method.q": 1.0, "seeds": 1}]

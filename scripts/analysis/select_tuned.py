@@ -72,9 +72,10 @@ def select(runs, metric: str, budget: float, x: str = "comm"):
     return best, table
 
 
-LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (None, 1)}
-"""Settings that cannot go past a value (B >= 1 minibatch, q <= 1, density <= 1): a choice there
-is not an edge to extend."""
+LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (None, 1),
+          "method.beta": (0, None)}
+"""Settings that cannot go past a value (B >= 1 minibatch, q <= 1, density <= 1, beta >= 0: no
+momentum): a choice there is not an edge to extend."""
 
 
 def grid_edges(table: list[dict], name: str, chosen: dict,
