@@ -148,7 +148,7 @@ fair: $(STAMP)  ## [study] what compression buys: figures/fig2_fair.png, results
 fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink and at equal compute: tuning grids, 10 seeds a method (skips finished runs; hours on 2 cores)
 	for m in large_batch_gluon large_batch_gluon_edges large_batch_gluon_b1024 large_batch_gluon_lines \
 	         local_gluon local_gluon_edges local_gluon_q0003 local_gluon_lines local_gluon_lines_beta \
-	         local_gluon_q003 local_gluon_q003_beta \
+	         local_gluon_q003 local_gluon_q003_beta local_gluon_beta08_q local_gluon_beta08_lr \
 	         alg1 alg1_b1024 alg1_lines alg2 alg2_lines alg2_b1024; do \
 	  $(LOGREG_SWEEP) experiment=fair_logreg/tune_$$m || exit 1; done
 	$(FAIR_SELECT_LOGREG)    # stops here while a choice sits on a grid edge: extend that grid first

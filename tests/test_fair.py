@@ -309,3 +309,23 @@ def test_make_runs_every_tuning_grid_before_its_strict_selection(target, folder)
     var = re.search(r"\$\((FAIR_SELECT_\w+)\)", recipe).group(1)
     definition = re.search(rf"\n{var} = ((?:.*\\\n)*.*)", text).group(1)
     assert "--strict" in definition, f"{var} is not strict"
+
+
+def test_the_a5a_tuning_table_names_the_committed_choices():
+    """docs/fair.md's "Where the a5a tuning ended" gives each method's chosen settings: they are the
+    ones `select_tuned` wrote (configs/tuned/fair_logreg*/), so a re-selection that moves a choice
+    and leaves the page behind fails here."""
+    from omegaconf import OmegaConf
+    text = (REPO / "docs" / "fair.md").read_text()
+    table = text.split("**Where the a5a tuning ended**")[1].split("\n\n")[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    names = {"large-batch Gluon": "fair_logreg/large_batch_gluon", "Local Gluon": "fair_logreg/local_gluon",
+             "Alg. 1": "fair_logreg/alg1", "Alg. 2": "fair_logreg/alg2",
+             "EF21-Muon (TopK 1%)": "fair_logreg/ef21_muon",
+             "large-batch Gluon, for equal compute": "fair_logreg_compute/large_batch_gluon"}
+    assert sorted(label.strip() for label, _ in rows) == sorted(names)
+    for label, chosen in rows:
+        method = OmegaConf.load(REPO / "configs" / "tuned" / f"{names[label.strip()]}.yaml").method
+        said = {k: float(v.replace(",", "")) for k, v in
+                re.findall(r"\b(q|B|lr|beta)(?: =)? ([\d.,]*\d)", chosen)}
+        assert said == {k: float(method[k]) for k in ("q", "B", "lr", "beta") if k in method}, label
