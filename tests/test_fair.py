@@ -329,3 +329,33 @@ def test_the_a5a_tuning_table_names_the_committed_choices():
         said = {k: float(v.replace(",", "")) for k, v in
                 re.findall(r"\b(q|B|lr|beta)(?: =)? ([\d.,]*\d)", chosen)}
         assert said == {k: float(method[k]) for k in ("q", "B", "lr", "beta") if k in method}, label
+
+
+def test_the_readme_prices_the_lever_from_the_committed_panel():
+    """The README's paragraph on what the large batch costs quotes the a5a panel's settings
+    (results/fair/logreg_settings.json, written by `make fair`): gradients per unit of uplink at
+    equal uplink, and what each method sends at equal compute."""
+    s = json.loads((REPO / "results" / "fair" / "logreg_settings.json").read_text())
+    text = (REPO / "README.md").read_text()
+    para = " ".join(text.split("The price of that lever is compute:")[1].split("\n\n")[0].split())
+    lb, compute = s["uplink"]["large_batch_gluon"], s["compute"]
+    assert f"evaluates {lb['end_grads'] / lb['end_comm']:,.0f} minibatch gradients" in para
+    assert f"({compute['alg1']['budget']:,.0f} gradients per worker)" in para
+    dense = compute["large_batch_gluon"]
+    assert f"sends {dense['end_comm']:,.0f} dense gradients where Alg. 1 sends " \
+           f"{compute['alg1']['end_comm']:,.0f}" in para
+
+
+def test_a_baseline_whose_panel_is_still_running_is_left_out_and_said(tmp_path, monkeypatch, capsys):
+    """`make fair` reads a reading while a baseline's seeds are still landing (the CNN fills
+    baseline by baseline): that baseline waits, named, instead of stopping the whole reading."""
+    sweeps = tmp_path / "sweeps"
+    monkeypatch.setattr(fair_panels, "SWEEPS", sweeps)
+    monkeypatch.setattr(fair_panels, "SHARED", {})
+    for s in range(3):
+        fake(sweeps / "cnn" / "uplink", "gluon", s, baseline(80, 0.1))
+        fake(sweeps / "cnn" / "uplink", "alg1", s, drop(30, 0.01), density=0.01)
+    fake(sweeps / "cnn" / "uplink", "large_batch_gluon", 0, baseline(80, 0.05))
+    groups, _ = fair_panels.reading_runs("cnn", "uplink")
+    assert list(groups) == ["gluon", "alg1"]
+    assert "large_batch_gluon has 1 of 3 seeds; left out" in capsys.readouterr().out

@@ -148,4 +148,17 @@ def reading_runs(task: str, reading: str) -> tuple[dict[str, list], float]:
                                  f"before {budget:g} ({spec.x}), the {reading} reading's budget: "
                                  f"{short[0].path}")
             groups[label] = runs
-    return dict(sorted(groups.items(), key=lambda kv: order(kv[0]))), budget
+    return dict(sorted(complete(groups, f"{task} {reading}").items(),
+                       key=lambda kv: order(kv[0]))), budget
+
+
+def complete(groups: dict[str, list], where: str) -> dict[str, list]:
+    """The groups that have every seed of the reading (the union over its groups): a baseline
+    whose panel is still running is left out, and said so, until its last seed lands (the
+    reduction pairs methods by seed)."""
+    seeds = set().union(*({r.config["seed"] for r in g} for g in groups.values()))
+    for label, runs in groups.items():
+        if len(runs) < len(seeds):
+            print(f"[fair] {where}: {label} has {len(runs)} of {len(seeds)} seeds; "
+                  "left out until its panel finishes")
+    return {label: runs for label, runs in groups.items() if len(runs) == len(seeds)}
