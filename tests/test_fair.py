@@ -359,3 +359,18 @@ def test_a_baseline_whose_panel_is_still_running_is_left_out_and_said(tmp_path, 
     groups, _ = fair_panels.reading_runs("cnn", "uplink")
     assert list(groups) == ["gluon", "alg1"]
     assert "large_batch_gluon has 1 of 3 seeds; left out" in capsys.readouterr().out
+
+
+def test_a_reading_waits_for_every_dense_baseline(tmp_path, monkeypatch, capsys):
+    """Without one dense baseline's panel the best dense baseline is undecided: the reading is
+    skipped, named, and no row is written for it."""
+    import shutil
+    sweeps = tmp_path / "sweeps"
+    make_panel(sweeps / "logreg" / "uplink", "comm")
+    for run in (sweeps / "logreg" / "uplink").glob("local_gluon-*"):
+        shutil.rmtree(run)
+    monkeypatch.setattr(fair_panels, "SWEEPS", sweeps)
+    monkeypatch.setattr(fair, "OUT", tmp_path / "out")
+    fair.aggregate("logreg")
+    assert "waiting for local_gluon; skipped" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "decomposition.csv").exists()
