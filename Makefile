@@ -230,8 +230,9 @@ lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, th
 	  for m in gluon gluon_edges alg1 alg1_edges alg1_b1 alg2 alg2_b1 large_batch_gluon large_batch_gluon_edges local_gluon local_gluon_edges; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t) || exit 1; \
-	  $(LM_SWEEP) experiment=$$t/tune_ef21_muon \
-	    max_grads=$$($(PY) -m scripts.figures.lm grads-cap --split $$s --from tune) || exit 1; \
+	  cap=$$($(PY) -m scripts.figures.lm grads-cap --split $$s --from tune) || exit 1; \
+	  for e in ef21_muon ef21_muon_edges; do \
+	    $(LM_SWEEP) experiment=$$t/tune_$$e max_grads=$$cap || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t) || exit 1; \
 	  $(LM_SWEEP) experiment=lm/panel_$$s || exit 1; \
 	  $(LM_SWEEP) experiment=lm/panel_$$s tuned=lm_$$s/ef21_muon \

@@ -409,15 +409,18 @@ def test_the_bench_prices_the_whole_study_from_its_grids():
 
 def test_make_lm_runs_runs_every_tuning_grid_on_both_splits():
     """Each grid of configs/experiment/lm/ (an edge extension included) is in `make lm-runs`'s loop,
-    EF21-Muon's apart (it runs after the selection, capped), and has its mirror for the plays split
+    EF21-Muon's in a loop of their own (after the selection, capped), and has its mirror for the plays split
     that sets the split and the group: a grid added for iid alone would leave plays untuned."""
     import re
     folder = REPO / "configs" / "experiment" / "lm"
-    grids = {p.stem.removeprefix("tune_") for p in folder.glob("tune_*.yaml")} - {"ef21_muon"}
+    every = {p.stem.removeprefix("tune_") for p in folder.glob("tune_*.yaml")}
+    capped = {g for g in every if g.startswith("ef21_muon")}
     recipe = (REPO / "Makefile").read_text().split("\nlm-runs:")[1].split("\n\n")[0]
     loop = set(re.search(r"for m in ([\w ]+); do", recipe).group(1).split())
-    assert loop == grids
-    for name in grids | {"ef21_muon"}:
+    assert loop == every - capped
+    capped_loop = re.search(r"for e in ([\w ]+); do\s*\\\s*(.*)max_grads=\$\$cap", recipe)
+    assert set(capped_loop.group(1).split()) == capped and "ef21_muon" in capped
+    for name in every:
         mirror = (folder / "plays" / f"tune_{name}.yaml").read_text()
         assert f"- /experiment/lm/tune_{name}\n" in mirror
         assert "split: plays" in mirror and "group: lm/plays/tune" in mirror
