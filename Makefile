@@ -178,13 +178,13 @@ FAIR_SELECT_CNN = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m exp
 fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon_edges   # lr 0.4 at B = 64
-	$(FAIR_SELECT_CNN)    # stops here while a choice sits on a grid edge: extend that grid first
+	$(FAIR_SELECT_CNN) --only large_batch_gluon   # stops here while its choice sits on a grid edge: extend that grid first
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
-	$(FAIR_SELECT_CNN)
+	$(FAIR_SELECT_CNN) --only local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
-	$(FAIR_SELECT_CNN)
+	$(FAIR_SELECT_CNN) --only ef21_muon
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=cnn_gap/alg1 compressor.density=0.001,0.1
 	$(CNN_SWEEP) experiment=fair_cnn/tune_compute_large_batch_gluon   # equal compute: B = 1 among B
@@ -212,10 +212,11 @@ shaped-cnn: $(STAMP)  ## [study] (root) the same for the CNN's quick CPU profile
 .PHONY: bench-lm lm lm-runs fig-lm lm-reference
 LM_SPLITS ?= iid plays
 LM_SWEEP = $(PY) -m experiments.lm -m launcher=$(CNN_LAUNCHER)
-# $(1): the split, $(2): its tuning grids' folder under configs/experiment/ (lm, lm/plays)
+# $(1): the split, $(2): its tuning grids' folder under configs/experiment/ (lm, lm/plays),
+# $(3): more options (--only: the methods whose grids have run)
 LM_SELECT = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir lm \
 	  $(2)/tune_gluon) --out configs/tuned/lm_$(1) --metric val_loss --table results/lm/tune_scores_$(1).csv \
-	  --strict --stop method.B=64   # a choice on a grid edge stops lm-runs before the panel: extend that grid first; B stops at 64 for compute (docs/lm.md)
+	  --strict --stop method.B=64 $(3)   # a choice on a grid edge stops lm-runs before the panel: extend that grid first; B stops at 64 for compute (docs/lm.md)
 # One example run: nanoGPT's shakespeare_char GPU shape when a GPU is visible, else the CPU profile.
 LM_PROFILE ?= $(shell $(PY) -c "import torch; print('lm/paper' if torch.cuda.is_available() else 'lm/cpu')" 2>/dev/null || echo lm/cpu)
 bench-lm: $(STAMP)  ## [develop] LM step time on CPU, where it goes, and the uplink budget an Alg. 1 run fits in 30 minutes of one core (results/bench/lm.md)
@@ -229,7 +230,7 @@ lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, th
 	for s in $(LM_SPLITS); do t=$$([ $$s = iid ] && echo lm || echo lm/$$s); \
 	  for m in gluon gluon_edges alg1 alg1_edges alg1_b1 alg2 alg2_b1 large_batch_gluon large_batch_gluon_edges local_gluon local_gluon_edges; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
-	  $(call LM_SELECT,$$s,$$t) || exit 1; \
+	  $(call LM_SELECT,$$s,$$t,--only gluon --only alg1 --only alg2 --only large_batch_gluon --only local_gluon) || exit 1; \
 	  cap=$$($(PY) -m scripts.figures.lm grads-cap --split $$s --from tune) || exit 1; \
 	  for e in ef21_muon ef21_muon_edges; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$e max_grads=$$cap || exit 1; done; \

@@ -175,6 +175,26 @@ def test_strict_selection_stops_at_an_edge_unless_the_axis_was_stopped_there(tmp
     assert "B: 16" in (tmp_path / "b" / "alg1.yaml").read_text()
 
 
+def test_only_chooses_and_checks_the_named_methods(tmp_path):
+    """--only: a pipeline's selection after one stage chooses that stage's methods alone, so
+    another method's grid on an edge (its extension runs at a later stage) neither stops it nor
+    gets a config; the table still lists every candidate; a name with no runs is refused."""
+    comm = [0, 10, 20, 30, 40]
+    for B, tail in ((4, [.3, .2, .1, .05]), (16, [.2, .1, .05, .02])):
+        fake_run(tmp_path / "s", f"B{B}", 100, comm, [1] + tail, lr=0.02, beta=0.9, B=B)
+    fake_run(tmp_path / "s", "g", 100, comm, [1, .5, .3, .2, .1], method="gluon", lr=0.02,
+             beta=0.9)
+    args = ["--sweep", str(tmp_path / "s"), "--strict", "--table", str(tmp_path / "t.csv")]
+    select_tuned.main(args + ["--out", str(tmp_path / "a"), "--only", "gluon"])
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["gluon.yaml"]
+    assert (tmp_path / "t.csv").read_text().count("alg1") == 2
+    with pytest.raises(SystemExit, match="alg1 chose on an edge"):     # without --only, it stops
+        select_tuned.main(args + ["--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit, match="--only names local_gluon, with no runs"):
+        select_tuned.main(args + ["--out", str(tmp_path / "c"), "--only", "gluon,local_gluon"])
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
 def test_a_run_stopped_by_its_compute_cap_is_scored_over_the_uplink_it_reached(tmp_path):
     """EF21-Muon capped at Alg. 1's gradient evaluations (max_grads) stops short of the uplink
     budget by design: it is scored over the range it reaches, as at an iteration cap, while a

@@ -134,6 +134,10 @@ def main(argv=None):
     ap.add_argument("--stop", action="append", default=[], metavar="KEY=VALUE",
                     help="an axis stopped at VALUE on purpose (say why in the grid's config), "
                          "e.g. method.B=64: a choice there is not an edge")
+    ap.add_argument("--only", action="append", default=[], metavar="METHOD[,METHOD]",
+                    help="choose (and check, with --strict) only these methods; the others' "
+                         "grids may still be running or waiting for an extension. The table "
+                         "lists every candidate")
     ap.add_argument("--strict", action="store_true",
                     help="a choice on an edge of its grid is an error: no tuned config is written "
                          "for it, and the exit status is 1 (a pipeline stops before its panel)")
@@ -151,6 +155,12 @@ def main(argv=None):
         raise SystemExit(f"no --budget given and the runs have no {budget_key}")
     criterion = CRITERION.format(metric=args.metric, axis=axis, budget=budget)
     best, table = select(runs, args.metric, budget, args.x)
+    only = {m for a in args.only for m in a.split(",") if m}
+    if only - set(best):
+        raise SystemExit(f"error: --only names {', '.join(sorted(only - set(best)))}, with no "
+                         f"runs under {args.sweep} (it has: {', '.join(sorted(best))})")
+    if only:
+        best = {name: b for name, b in best.items() if name in only}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     at_edge: list[str] = []
