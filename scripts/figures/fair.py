@@ -78,7 +78,8 @@ def aggregate(task: str) -> None:
                                   "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1)}
                           for label, g in groups.items()}
     if not settings:
-        print(f"[fair] {task}: no reading ready yet (`make fair-runs`); its rows wait")
+        runs = "fair-runs" if task == "logreg" else f"fair-{task}-runs"
+        print(f"[fair] {task}: no reading ready yet (`make {runs}`); its rows wait")
         return
     write_csv(reductions, OUT / f"{task}_reduction.csv")
     atomic_write_text(OUT / f"{task}_settings.json", json.dumps(settings, indent=2) + "\n")
