@@ -28,10 +28,12 @@ class Panel(NamedTuple):
     name: str           # the panel's name in the tables (as Figure 2's: a5a, cnn)
     metric: str         # the tracked metric
     title: str
+    runs: str           # the make target that runs its sweeps
 
 
-PANELS = {"logreg": Panel("logreg", "a5a", "gap", "Logistic regression, a5a"),
-          "cnn": Panel("cnn", "cnn", "loss", "CNN (airbench94 at 16/64/64), CIFAR-10")}
+PANELS = {"logreg": Panel("logreg", "a5a", "gap", "Logistic regression, a5a", "fair-runs"),
+          "cnn": Panel("cnn", "cnn", "loss", "CNN (airbench94 at 16/64/64), CIFAR-10",
+                       "fair-cnn-runs")}
 DENSE = ("gluon", "large_batch_gluon", "local_gluon")    # the baselines that send no compression
 BASELINES = DENSE + ("ef21_muon",)
 METHODS = ("alg1", "alg2", "ef21_muon")                     # what the decomposition reads

@@ -78,8 +78,7 @@ def aggregate(task: str) -> None:
                                   "wall_time_s": round(sum(r.summary["wall_time"] for r in g), 1)}
                           for label, g in groups.items()}
     if not settings:
-        runs = "fair-runs" if task == "logreg" else f"fair-{task}-runs"
-        print(f"[fair] {task}: no reading ready yet (`make {runs}`); its rows wait")
+        print(f"[fair] {task}: no reading ready yet (`make {panel.runs}`); its rows wait")
         return
     write_csv(reductions, OUT / f"{task}_reduction.csv")
     atomic_write_text(OUT / f"{task}_settings.json", json.dumps(settings, indent=2) + "\n")
@@ -122,7 +121,7 @@ def plot(out: Path = FIG) -> Path:
             path = OUT / f"{task}_{name}_curves.csv"
             rows = read_csv(path) if path.exists() else []
             if not rows:
-                no_runs(ax, "make fair-cnn-runs (docs/fair.md)")
+                no_runs(ax, f"make {panel.runs} (docs/fair.md)")
                 continue
             for label in sorted({r["label"] for r in rows}, key=order):
                 rs = [r for r in rows if r["label"] == label]
