@@ -182,6 +182,8 @@ fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal 
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
 	$(FAIR_SELECT_CNN) --only local_gluon
+	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon_q tuned=fair_cnn/local_gluon   # q through that choice
+	$(FAIR_SELECT_CNN) --only local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(FAIR_SELECT_CNN) --only ef21_muon

@@ -311,6 +311,42 @@ def test_make_runs_every_tuning_grid_before_its_strict_selection(target, folder)
     assert "--strict" in definition, f"{var} is not strict"
 
 
+def test_local_gluons_q_line_runs_through_its_grids_choice(tmp_path, compose_cfg):
+    """make fair-cnn-runs searches Local Gluon's q once its lr x beta grid has chosen: the line
+    takes lr, beta and B from the config the selection wrote (tuned=fair_cnn/local_gluon) and
+    only q from its own grid, its step cap lets 500 syncs land at its smallest q, and a strict
+    selection reads it before the panel runs."""
+    import shutil
+
+    from omegaconf import OmegaConf
+    from scripts.analysis.select_tuned import tuned_yaml
+    recipe = (REPO / "Makefile").read_text().split("\nfair-cnn-runs:")[1].split("\n\n")[0]
+    lines = recipe.splitlines()
+    at = next(i for i, line in enumerate(lines) if "experiment=fair_cnn/tune_local_gluon_q" in line)
+    assert "tuned=fair_cnn/local_gluon" in lines[at]
+    assert "--only local_gluon" in lines[at - 1] and "--only local_gluon" in lines[at + 1]
+    panel = next(i for i, line in enumerate(lines) if "tuned=fair_cnn/local_gluon" in line
+                 and "experiment=fair_cnn/uplink" in line)
+    assert panel == at + 2
+    chosen = {"method": {"name": "local_gluon", "q": 0.1, "B": 64, "lr": 0.0125, "beta": 0.9},
+              "compressor": {"name": "zero"}}
+    (tmp_path / "tuned" / "fair_cnn").mkdir(parents=True)
+    (tmp_path / "tuned" / "fair_cnn" / "local_gluon.yaml").write_text(
+        tuned_yaml(chosen, -0.1, "a test", "a test"))
+    shutil.copy(REPO / "configs" / "cnn.yaml", tmp_path / "cnn.yaml")
+    grid = OmegaConf.load(REPO / "configs" / "experiment" / "fair_cnn" / "tune_local_gluon_q.yaml")
+    qs = [float(q) for q in str(grid.hydra.sweeper.params["method.q"]).split(",")]
+    assert min(qs) < 0.1 < max(qs)                     # both sides of the grid's q
+    for q in qs:
+        cfg = compose_cfg("cnn", "experiment=fair_cnn/tune_local_gluon_q",
+                          "tuned=fair_cnn/local_gluon", f"method.q={q}", config_dir=tmp_path)
+        assert (cfg.method.name, cfg.method.q, cfg.method.B, cfg.method.lr, cfg.method.beta) == \
+            ("local_gluon", q, 64, 0.0125, 0.9)
+        assert cfg.compressor.name == "zero" and cfg.max_comm == 500
+        steps_needed = cfg.max_comm / q + 5 * math.sqrt(cfg.max_comm * (1 - q)) / q  # 5 sd
+        assert cfg.steps >= steps_needed, (q, cfg.steps, steps_needed)
+
+
 def test_the_a5a_tuning_table_names_the_committed_choices():
     """docs/fair.md's "Where the a5a tuning ended" gives each method's chosen settings: they are the
     ones `select_tuned` wrote (configs/tuned/fair_logreg*/), so a re-selection that moves a choice
