@@ -357,6 +357,28 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
     assert (tmp_path / "fig.png").stat().st_size > 10_000
 
 
+def test_a_method_whose_panel_is_still_running_is_left_out_and_said(tmp_path, capsys):
+    """While the panel runs, a method short of the panel's seeds is left out by name (the
+    reduction pairs seeds), and with no compressed method complete the block claims nothing."""
+    from scripts.figures import lm as fig
+    panel, out = tmp_path / "panel", tmp_path / "out"
+    for seed in (0, 1, 2):
+        fake_panel_run(panel, "gluon", seed, [4.0 - 0.1 * i for i in range(21)], 1.0, lr=0.02)
+    fake_panel_run(panel, "alg1", 0, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10, 30.0,
+                   lr=0.001, B=16)
+    assert fig.aggregate("iid", str(panel), out)
+    assert "[lm] iid panel: alg1 has 1 of 3 seeds; left out" in capsys.readouterr().out
+    assert {r["method"] for r in fig.read_csv(out / "reduction.csv")} == {"gluon"}
+    block = fig.readme(out)
+    assert block.startswith("No compressed method's panel is complete yet: no reduction is claimed.")
+    assert "|---|" not in block
+    for seed in (1, 2):
+        fake_panel_run(panel, "alg1", seed, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10,
+                       30.0, lr=0.001, B=16)
+    assert fig.aggregate("iid", str(panel), out)
+    assert "| lm_iid | uplink | Alg. 1 (RandK 1%) |" in fig.readme(out)
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/lm.md"])
 def test_the_pages_quote_the_committed_lm_tables(page, monkeypatch):
     """The README's and docs/lm.md's block `lm` is what `make fig-lm` writes from results/lm/."""

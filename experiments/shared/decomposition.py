@@ -108,6 +108,8 @@ def _raw(r: dict) -> str:
 def markdown(rows: list[dict]) -> str:
     """decomposition.md: per panel and reading, Alg. 1 and 2's reduction against each dense
     baseline at that baseline's final level, its interval and verdict."""
+    if not rows:
+        return "No compressed method's panel is complete yet: no reduction is claimed.\n"
     lines = ["| panel | reading | method | " + " | ".join(
         f"against {SHORT[b]}" for b in DENSE) + " |", "|---|---|---|" + "---|" * len(DENSE)]
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}

@@ -150,7 +150,7 @@ def reading_runs(task: str, reading: str) -> tuple[dict[str, list], float]:
                                  f"before {budget:g} ({spec.x}), the {reading} reading's budget: "
                                  f"{short[0].path}")
             groups[label] = runs
-    return dict(sorted(complete(groups, f"{task} {reading}").items(),
+    return dict(sorted(complete(groups, f"[fair] {task} {reading}").items(),
                        key=lambda kv: order(kv[0]))), budget
 
 
@@ -161,6 +161,6 @@ def complete(groups: dict[str, list], where: str) -> dict[str, list]:
     seeds = set().union(*({r.config["seed"] for r in g} for g in groups.values()))
     for label, runs in groups.items():
         if len(runs) < len(seeds):
-            print(f"[fair] {where}: {label} has {len(runs)} of {len(seeds)} seeds; "
+            print(f"{where}: {label} has {len(runs)} of {len(seeds)} seeds; "
                   "left out until its panel finishes")
     return {label: runs for label, runs in groups.items() if len(runs) == len(seeds)}

@@ -29,7 +29,7 @@ import yaml
 
 from experiments.shared.configs import CONFIGS, sweep_dir
 from experiments.shared.decomposition import decomposition, quote_in_pages, write_decomposition
-from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, order
+from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, complete, order
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
@@ -65,7 +65,7 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     if not runs:
         print(f"[{split}] no finished runs under {root}: make lm-runs")
         return False
-    by_method = runs_by_method(runs, root, order)
+    by_method = complete(runs_by_method(runs, root, order), f"[lm] {split} panel")
     budget = budget_of(runs, root)
     window = window_of(budget)
     out.mkdir(parents=True, exist_ok=True)
