@@ -112,6 +112,9 @@ def test_selection_picks_the_lowest_log_area_and_writes_a_config(tmp_path):
     text = (out / "alg1.yaml").read_text()
     assert "lr: 0.02" in text and "override /method: alg1" in text and "Criterion" in text
     assert (tmp_path / "scores.csv").read_text().count("\n") == 4   # header + 3 candidates
+    final = {r["method.lr"]: r["final"] for r in tables.read_csv(tmp_path / "scores.csv")}
+    assert final[0.01] == pytest.approx(0.2) and final[0.02] == pytest.approx(0.01)
+    assert math.isnan(float(final[0.1]))               # diverged: no last value to quote
 
 
 def test_a_choice_on_a_grid_edge_is_flagged_unless_the_edge_is_a_hard_limit():

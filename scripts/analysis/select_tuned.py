@@ -8,7 +8,7 @@ cost. It rewards fast early progress and a low final level alike; a diverged run
 that stops before the budget (other than by the iteration cap, see :func:`scored_range`),
 scores +inf. One config per method name is written to ``--out``
 (``tuned=<out's last folder>/<method>`` on the command line selects it), plus a CSV with the
-score of every candidate.
+score of every candidate and the mean of its metric's last value.
 """
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ def scored_range(group, budget: float, x: str = "comm") -> float:
     return min(budget, min(r.rows[-1][x] for r in group)) if capped else budget
 
 
+def final_value(group, metric: str) -> float:
+    """The mean over seeds of ``metric``'s last logged value (nan if a run has none, e.g. one
+    that diverged or stopped short): beside the score, so that a reader sees where each candidate ended."""
+    ends = [next((row[metric] for row in reversed(r.rows) if row.get(metric) is not None), None)
+            for r in group]
+    if any(r.status != "ok" for r in group) or any(v is None or not math.isfinite(v) for v in ends):
+        return math.nan
+    return float(f"{sum(ends) / len(ends):.6g}")
+
+
 def select(runs, metric: str, budget: float, x: str = "comm"):
     """{method name: (score, config, runs)} of the best group per method, and all scores.
 
@@ -62,7 +72,7 @@ def select(runs, metric: str, budget: float, x: str = "comm"):
         score = log_area(group, metric, end, x)
         # 12 significant digits: the last bits of a mean differ between CPUs (SIMD summation order)
         table.append({"method": name, "score": float(f"{score:.12g}"), "range": end,
-                      "seeds": len(group),
+                      "final": final_value(group, metric), "seeds": len(group),
                       "compressor": cfg["compressor"]["name"],
                       **{f"method.{k}": v for k, v in cfg["method"].items() if k != "name"},
                       **{f"compressor.{k}": v for k, v in cfg["compressor"].items() if k != "name"}})
