@@ -45,8 +45,8 @@ def scored_range(group, budget: float, x: str = "comm") -> float:
 
 
 def final_value(group, metric: str) -> float:
-    """The mean over seeds of ``metric``'s last logged value (nan if a run has none, e.g. one
-    that diverged or stopped short): beside the score, so that a reader sees where each candidate ended."""
+    """The mean over seeds of ``metric``'s last logged value (nan if a run diverged or logged
+    no finite value): beside the score, so that a reader sees where each candidate ended."""
     ends = [next((row[metric] for row in reversed(r.rows) if row.get(metric) is not None), None)
             for r in group]
     if any(r.status != "ok" for r in group) or any(v is None or not math.isfinite(v) for v in ends):
