@@ -50,11 +50,14 @@ help:  ## [operate] list the targets by group: reproduce, study, operate, develo
 	  END { order[++n] = "ungrouped"; for (i = 1; i <= n; i++) { g = order[i]; if (!count[g]) continue; \
 	    printf "%s%s: %s\n", (shown++ ? "\n" : ""), g, about[g]; for (j = 1; j <= count[g]; j++) print line[g, j] } }' $(MAKEFILE_LIST)
 
+# Two targets started at once in a fresh clone (a sweep and a figure, say) both need .venv: the
+# set-up runs under a lock where flock exists (Linux), and the second finds it done.
+LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock .venv.lock)
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[experiments,test]'
-	touch $(STAMP)
+	$(LOCK) sh -c 'test $(STAMP) -nt pyproject.toml && exit 0; \
+	  { test -x $(PY) || $(PY_SYS) -m venv $(VENV); } && \
+	  $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -e ".[experiments,test]" && touch $(STAMP)'
 
 install: $(STAMP)  ## [operate] create .venv and install the project with its pinned dependencies
 

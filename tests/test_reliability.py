@@ -293,6 +293,39 @@ def test_make_logreg_on_a_fresh_machine_runs_with_gluon_data_dir_set(fresh_clone
     assert read_summary(run)["status"] == "ok" and read_summary(run)["steps_done"] == 10000
 
 
+def test_two_make_targets_started_at_once_in_a_fresh_clone_set_up_the_venv_once(tmp_path):
+    """A fresh clone, no .venv, and two targets started together (a sweep and a figure): both
+    need the set-up. A stand-in for ``python3 -m venv`` fails as the real one did when a second
+    creation races the first (the folder exists), and records each creation and install. Under
+    the lock one set-up runs; the second target finds it done, and both succeed."""
+    import shutil
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "fake-python3"
+    fake.write_text(f"""#!/bin/sh
+# stands in for python3 -m venv DIR: creating a folder that exists fails, as in the race
+[ "$1 $2" = "-m venv" ] || exit 9
+mkdir "$3" || exit 1
+echo venv >> {log}
+sleep 1
+mkdir "$3/bin"
+printf '#!/bin/sh\necho "pip $*" >> {log}\nsleep 0.5\n' > "$3/bin/python"
+chmod +x "$3/bin/python"
+""")
+    fake.chmod(0o755)
+    env = {k: v for k, v in ENV.items() if k not in ("MAKEFLAGS", "MFLAGS")}
+    start = [subprocess.Popen(["make", "--no-print-directory", "install", f"PY_SYS={fake}"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=60)[0] for p in start]
+    assert [p.returncode for p in start] == [0, 0], outputs
+    calls = log.read_text().splitlines()
+    assert calls.count("venv") == 1, calls
+    assert sum("install -q -e" in c for c in calls) == 1, calls
+    assert (tmp_path / ".venv" / ".installed").exists()
+
+
 def test_a_set_data_folder_is_never_a_fall_back(tmp_path):
     """GLUON_DATA_DIR (or data_dir) naming an empty folder: the data is looked for there only
     (with a download into it), never in ./data or ../shared/data; a variable set to nothing
