@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .fair_panels import DENSE, METHODS, READINGS, SHORT, label_text
 from .files import atomic_write_text
-from .tables import read_csv
+from .tables import csv_cell, read_csv
 
 
 def verdict(reduction: float, low: float, high: float, reached: int, seeds: int) -> str:
@@ -198,8 +198,7 @@ def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
     w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")
     w.writeheader()
     for r in all_rows:
-        w.writerow({k: ("" if isinstance(r[k], float) and math.isnan(r[k]) else r[k])
-                    for k in DECOMPOSITION_FIELDS})
+        w.writerow({k: csv_cell(r[k]) for k in DECOMPOSITION_FIELDS})
     atomic_write_text(path, buf.getvalue())
     atomic_write_text(out / "decomposition.md", markdown(read_csv(path)))
 

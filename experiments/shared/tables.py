@@ -30,15 +30,35 @@ def write_table(rows: list[dict], csv_path: Path, md_path: Path | None = None,
     w = csv.DictWriter(buf, fieldnames=TABLE_FIELDS, extrasaction="ignore", restval="")
     w.writeheader()
     for r in all_rows:
-        w.writerow({k: _csv_value(r.get(k, "")) for k in TABLE_FIELDS})
+        w.writerow({k: csv_cell(r.get(k, "")) for k in TABLE_FIELDS})
     atomic_write_text(csv_path, buf.getvalue())
     if md_path is not None:
         atomic_write_text(Path(md_path), markdown_table(list(csv.DictReader(io.StringIO(buf.getvalue())))))
 
 
-def _csv_value(v):
+# Significant digits of a non-integral float in a results CSV. numpy's exp and log differ in the
+# last bit between CPUs (their SIMD paths), so at full precision a redraw on another machine
+# rewrote every curve file. At 8 digits a few ulps change a cell only where it straddles a
+# rounding boundary (about one cell in ten million), and no table or figure shows more.
+# Integral floats (byte and gradient counts) are written exactly.
+CSV_DIGITS = 8
+
+
+def csv_float(v: float) -> str:
+    """A float as the results CSVs write it: integral values exactly (``repr``), others to
+    ``CSV_DIGITS`` significant digits; 'nan' and 'inf' as Python writes them. Reading a cell
+    back and writing it again gives the same cell (kept rows are rewritten by later panels)."""
+    v = float(v)
+    if not math.isfinite(v) or v.is_integer():
+        return repr(v)
+    s = f"{v:.{CSV_DIGITS}g}"
+    return repr(float(s)) if float(s).is_integer() else s
+
+
+def csv_cell(v):
+    """A value of a table row as its CSV cell: NaN empty, other floats by :func:`csv_float`."""
     if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
+        return "" if math.isnan(v) else csv_float(v)
     return v
 
 
@@ -78,7 +98,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    """Write ``rows`` (the union of their keys as columns), replacing ``path`` atomically."""
+    """Write ``rows`` (the union of their keys as columns), replacing ``path`` atomically; floats
+    as :func:`csv_float` writes them."""
     if not rows:
         atomic_write_text(Path(path), "")
         return
@@ -86,7 +107,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
-    w.writerows(rows)
+    w.writerows({k: csv_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
     atomic_write_text(Path(path), buf.getvalue())
 
 
