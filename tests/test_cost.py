@@ -201,6 +201,8 @@ def test_recosting_one_panel_keeps_the_other_panels_rows(cnn_sweep, tmp_path, mo
     already in results/cost stay byte for byte, and a panel without runs drops nothing."""
     from experiments.shared.tables import write_csv
     panel = cost.load_panel("cnn", str(cnn_sweep))
+    empty = cost.load_panel("cnn", str(tmp_path / "none"))          # no runs there
+    assert not empty.runs
     monkeypatch.setattr(cost, "OUT", tmp_path)
     monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: panel)
     cnn_rows = cost.table(("cnn",))
@@ -216,10 +218,11 @@ def test_recosting_one_panel_keeps_the_other_panels_rows(cnn_sweep, tmp_path, mo
     assert after.splitlines() == lines                     # a5a kept and first, cnn the same again
     text = (tmp_path / "crossover.md").read_text()
     assert "a5a spending table" in text and (tmp_path / "spent_cnn.md").read_text() in text
-    empty = cost.load_panel("cnn", str(tmp_path / "none"))
     monkeypatch.setattr(cost, "load_panel", lambda task, sweep=None: empty)
     cost.table(("cnn",))                                    # no CNN runs here: nothing is dropped
     assert (tmp_path / "crossover.csv").read_text() == after
+    note = (tmp_path / "crossover.md").read_text().splitlines()[-1]
+    assert note.startswith("no cnn panel runs") and "the cnn rows above are kept" in note
 
 
 def test_no_cnn_runs_is_one_line(tmp_path, capsys, monkeypatch):

@@ -295,7 +295,7 @@ def table(tasks=tuple(PANEL_NAMES), compute_source: str = "bench") -> list[dict]
     for task in tasks:
         panel = load_panel(task)
         if not panel.runs:
-            notes.append(panel.note)
+            notes.append((panel.note, PANEL_NAMES[task]))
             say(panel.note)
             continue
         compute = None if compute_source == "measured" else bench_compute(task)
@@ -308,6 +308,9 @@ def table(tasks=tuple(PANEL_NAMES), compute_source: str = "bench") -> list[dict]
     kept = [{**r, "seeds": int(r["seeds"]), "seeds_reached": int(r["seeds_reached"])}
             for r in old if r["task"] not in done]        # counts read back as numbers
     rows = kept + rows
+    held = {r["task"] for r in kept}       # a panel without runs here keeps its rows: say so
+    notes = [f"{n} (the {name} rows above are kept from the last re-costing)" if name in held
+             else n for n, name in notes]
     order = list(PANEL_NAMES.values())
     rows.sort(key=lambda r: order.index(r["task"]) if r["task"] in order else len(order))
     write_csv(rows, OUT / "crossover.csv")
