@@ -6,8 +6,11 @@ scripts.analysis.wandb_offline, W&B's own transaction-log format.
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import struct
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from experiments.shared.runs import read_rows, read_summary
 from experiments.tasks import logreg as task
 from experiments.tasks.logreg import build
 from experiments.run.lifecycle import execute
-from scripts.analysis.wandb_offline import read_offline_run
+from scripts.analysis.wandb_offline import BLOCK, HEADER, read_offline_run, records
 from scripts.analysis.wandb_dashboard import DASHBOARDS, recipe
 from tests.conftest import compose_config
 
@@ -132,6 +135,52 @@ def test_new_start_gets_a_new_wandb_id(tmp_path):
     execute(cfg, tmp_path / "run", task)
     a, b = offline_runs(tmp_path / "run")
     assert a["id"] != b["id"]
+
+
+def write_log(payloads: list[bytes]) -> bytes:
+    """A .wandb transaction log by the format's rules (LevelDB's log writer): records never
+    cross a 32 KiB block, a payload too long for the rest of its block is cut into first/
+    middle/last chunks, and a block's last < 7 bytes are zero padding."""
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for payload in payloads:
+        first = True
+        while True:
+            left = BLOCK - len(out) % BLOCK
+            if left < HEADER:
+                out += bytes(left)
+                continue
+            chunk, payload = payload[:left - HEADER], payload[left - HEADER:]
+            kind = (1 if not payload else 2) if first else (4 if not payload else 3)
+            crc = zlib.crc32(chunk, zlib.crc32(bytes([kind])))
+            out += struct.pack("<IHB", crc, len(chunk), kind) + chunk
+            first = False
+            if not payload:
+                break
+    return bytes(out)
+
+
+def test_offline_log_read_while_written_gives_the_records_already_whole(tmp_path):
+    # W&B's service appends the log after finish() returns, so a reader polling it sees every
+    # prefix of the final file; each must read as the records whole in it, never an error
+    rng = random.Random(0)
+    payloads = [bytes(rng.randrange(256) for _ in range(n))
+                for n in (40, 0, 32_760, 5, 70_000, 33, 32_750, 12)]   # across blocks, one in 3
+    log = write_log(payloads)
+    assert len(log) > 4 * BLOCK
+    path = tmp_path / "run-x.wandb"
+    ends, pos, got = [], None, None
+    for cut in sorted({*range(7, len(log) + 1, 97), *range(len(log) - 300, len(log) + 1),
+                       *(b * BLOCK + d for b in range(1, 5) for d in range(-9, 9))}):
+        path.write_bytes(log[:cut])
+        got = list(records(path))
+        assert got == payloads[:len(got)], cut
+        ends.append(len(got))
+    assert got == payloads and ends == sorted(ends)          # whole at the end, never shrinking
+    damaged = bytearray(log)
+    damaged[HEADER + 7 + 3] ^= 1                              # a byte of the first record
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="bad checksum"):
+        list(records(path))
 
 
 def test_dashboard_recipes_offline(capsys):

@@ -2,9 +2,9 @@
 
 wandb >= 0.19 no longer ships a Python reader for its transaction log, so this is a small one:
 the file is a 7-byte header (``:W&B``, magic, version) followed by LevelDB-log style blocks of
-32 KiB, each record a 7-byte header (crc32, length, type: full/first/middle/last) and a chunk;
-the records are ``wandb_internal_pb2.Record`` protobufs. Used by the tests and to check what a
-compute node wrote before ``wandb sync``:
+32 KiB, each record a 7-byte header (crc32 of type and chunk, length, type: full/first/middle/
+last) and a chunk; the records are ``wandb_internal_pb2.Record`` protobufs. Used by the tests
+and to check what a compute node wrote before ``wandb sync``:
 
     python -m scripts.analysis.wandb_offline results/sweeps/fig3/*/*/wandb/offline-run-*
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import zlib
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -20,7 +21,12 @@ HEADER = 7
 
 
 def records(path: str | Path):
-    """The raw protobuf payloads in a .wandb file, in order."""
+    """The raw protobuf payloads in a .wandb file, in order.
+
+    W&B's service appends to the file while a run is live (and after ``finish()`` returns), so
+    the last record can be torn: its header on disk, its chunk not yet, or not all of it. The
+    payloads stop before such a tail. A record whose checksum fails anywhere else is damage,
+    and an error."""
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a W&B transaction log")
@@ -30,9 +36,18 @@ def records(path: str | Path):
         if left < HEADER:              # block trailer: zero padding
             pos += left
             continue
-        _, n, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        pos += HEADER
-        chunk, pos = data[pos:pos + n], pos + n
+        crc, n, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        if kind == 0 and n == 0:       # preallocated zeros
+            pos += left
+            continue
+        start, pos = pos, pos + HEADER + n
+        chunk = data[start + HEADER:pos]
+        if pos > len(data):            # torn tail: the chunk is not all written yet
+            return
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            if pos == len(data):       # torn tail: the last bytes not written yet
+                return
+            raise ValueError(f"{path}: bad checksum in the record at byte {start}")
         if kind == 1:                  # full
             yield chunk
         elif kind == 2:                # first
@@ -41,10 +56,8 @@ def records(path: str | Path):
             parts.append(chunk)
         elif kind == 4:                # last
             yield b"".join(parts + [chunk])
-        elif kind == 0 and n == 0:     # preallocated zeros
-            pos += left - HEADER
         else:
-            raise ValueError(f"{path}: bad record type {kind} at byte {pos}")
+            raise ValueError(f"{path}: bad record type {kind} at byte {start}")
 
 
 def _key(item) -> str:
