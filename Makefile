@@ -245,7 +245,7 @@ lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, th
 	    max_grads=$$($(PY) -m scripts.figures.lm grads-cap --split $$s) || exit 1; \
 	done
 
-fig-lm: $(STAMP)  ## [study] the LM figure from the committed runs: figures/fig_lm.png, results/lm/{reduction,decomposition}.{csv,md}, the block the README quotes (docs/lm.md)
+fig-lm: $(STAMP)  ## [study] the LM figure from the committed runs: figures/fig_lm.png, results/lm/{reduction,decomposition}.{csv,md}, the block the README quotes and docs/lm.md's tuning table
 	$(PY) -m scripts.figures.lm aggregate
 	$(PY) -m scripts.figures.lm plot
 

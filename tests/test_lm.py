@@ -391,6 +391,45 @@ def test_the_pages_quote_the_committed_lm_tables(page, monkeypatch):
     assert "1.88" in m.group(1)                           # AdamW beside nanoGPT's number
 
 
+def test_docs_lm_quotes_the_committed_tuning_scores(monkeypatch):
+    """docs/lm.md's block `lm-tuned` is what `make fig-lm` writes from results/lm/tune_scores_*.csv."""
+    import re
+    from scripts.figures import lm as fig
+    monkeypatch.chdir(REPO)
+    text = (REPO / "docs" / "lm.md").read_text()
+    m = re.search(r"<!-- lm-tuned:begin -->\n(.*?)<!-- lm-tuned:end -->", text, re.S)
+    assert m and m.group(1) == fig.tuning_table()
+    assert "`configs/tuned/lm_iid/alg1.yaml`" in m.group(1)
+
+
+def test_the_tuning_table_reads_each_axis_through_the_choice(tmp_path):
+    """Each searched axis lists the points on the line through the choice (every other setting at
+    the chosen one), the choice in bold; an axis held fixed is not listed; a point still missing
+    a tuning seed cannot be chosen; the tuned config is named only where it holds the choice."""
+    from experiments.shared.tables import write_csv
+    from scripts.figures import lm as fig
+    row = lambda lr, B, score, seeds=2: {"method": "alg1", "score": score, "range": 200.0,
+                                         "final": 2.0 + score, "seeds": seeds, "method.lr": lr,
+                                         "method.beta": 0.9, "method.q": 0.1, "method.B": B}
+    write_csv([row(0.001, 4, 0.50), row(0.002, 4, 0.40), row(0.004, 4, 0.45),
+               row(0.002, 16, 0.42), row(0.001, 16, 0.30),      # off the lr line of B = 4
+               row(0.002, 1, 0.10, seeds=1)],                   # the best, one seed short
+              tmp_path / "tune_scores_iid.csv")
+    tuned = tmp_path / "configs" / "tuned"
+    (tuned / "lm_iid").mkdir(parents=True)
+    (tuned / "lm_iid" / "alg1.yaml").write_text("method:\n  lr: 0.001\n  B: 16\n  beta: 0.9\n  q: 0.1\n")
+    table = fig.tuning_table(tmp_path, tuned)
+    line = next(l for l in table.splitlines() if l.startswith("| Alg. 1"))
+    assert "| 5 | B 16, q 0.1, lr 0.001, beta 0.9 | 0.3000 | 2.300 |" in line
+    assert "B 4: 0.5000, **16: 0.3000**; lr **0.001: 0.3000**, 0.002: 0.4200 |" in line
+    assert "beta" not in line.split("|")[6] and "`configs/tuned/lm_iid/alg1.yaml`" in line
+    assert "plays: no selection yet" in table
+    (tuned / "lm_iid" / "alg1.yaml").write_text("method:\n  lr: 0.002\n  B: 4\n  beta: 0.9\n  q: 0.1\n")
+    assert "differs: rerun the selection" in fig.tuning_table(tmp_path, tuned)
+    (tuned / "lm_iid" / "alg1.yaml").unlink()
+    assert "none: on an edge, or not selected" in fig.tuning_table(tmp_path, tuned)
+
+
 def test_the_vmap_probe_times_the_workers_own_gradients():
     """bench-lm --probe-vmap: the vmapped gradients equal the one-by-one ones (checked inside),
     and the three ways are timed."""

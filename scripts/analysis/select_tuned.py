@@ -88,6 +88,11 @@ LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (N
 momentum): a choice there is not an edge to extend."""
 
 
+def line_through(rows: list[dict], chosen: dict, key: str) -> list[dict]:
+    """The rows along ``key`` through the choice: every other setting at the chosen one."""
+    return [r for r in rows if all(r.get(k) == v for k, v in chosen.items() if k != key and k in r)]
+
+
 def grid_edges(table: list[dict], name: str, chosen: dict,
                stops: dict[str, float] | None = None) -> list[str]:
     """The numeric settings of ``name``'s grid at which the chosen candidate sits on the lowest
@@ -105,8 +110,7 @@ def grid_edges(table: list[dict], name: str, chosen: dict,
         searched = len({r[key] for r in rows if numeric(r.get(key))}) > 1
         # the values tried for `key` with every other setting at the chosen one: the line through
         # the choice (for a full grid, the grid's values; an extension at one B counts there alone)
-        line = [r for r in rows if all(r.get(k) == v for k, v in chosen.items()
-                                       if k != key and k in r)]
+        line = line_through(rows, chosen, key)
         values = sorted({r[key] for r in line if numeric(r.get(key))})
         low, high = LIMITS.get(key, (None, None))
         if not searched or not numeric(value) or value not in (values[0], values[-1]) \

@@ -6,6 +6,7 @@ split, with Figure 2's statistic (docs/statistics.md), and its reduction table.
     python -m scripts.figures.lm plot               # results/lm/*_curves.csv -> figures/fig_lm.png
     python -m scripts.figures.lm grads-cap --split iid [--from tune]   # EF21-Muon's compute cap
     python -m scripts.figures.lm readme             # the README's block (aggregate writes it there)
+    python -m scripts.figures.lm tuning             # docs/lm.md's tuning table (aggregate writes it)
 
 ``aggregate`` reads the runs of ``configs/experiment/lm/panel_<split>.yaml``'s sweep (or
 ``--sweep DIR`` for one ``--split``) and writes, per split, the curves over seeds
@@ -37,6 +38,7 @@ from experiments.shared.statistics import by_method as runs_by_method
 from experiments.shared.statistics import (load_runs, reduction_rows,
                                            smoothed_curves, window_of)
 from experiments.shared.tables import read_csv, write_csv, write_table
+from scripts.analysis.select_tuned import line_through
 
 SPLITS = ("iid", "plays")
 OUT = Path("results/lm")
@@ -225,8 +227,57 @@ def readme(out: Path = OUT) -> str:
     return table + "\n" + adamw_line(out) + "\n"
 
 
+SEARCHED = {"method.B": "B", "method.q": "q", "method.lr": "lr", "method.beta": "beta"}
+
+
+def tuning_table(out: Path = OUT, tuned: Path = CONFIGS / "tuned") -> str:
+    """docs/lm.md's block ``lm-tuned``: per split, from ``tune_scores_<split>.csv`` (written by
+    ``make lm-runs``' selection), each method's tuning runs, its chosen settings and score, and
+    the scores along every searched axis through the choice: the lines on which the strict
+    selection looks for an edge. The tuned config is named when it holds the choice."""
+    numeric = lambda x: isinstance(x, float) and math.isfinite(x)
+    parts = []
+    for split in SPLITS:
+        path = out / f"tune_scores_{split}.csv"
+        if not path.exists():
+            parts.append(f"{split}: no selection yet (`make lm-runs`).\n")
+            continue
+        table = read_csv(path)
+        lines = [f"{split} ({len(table)} runs, one tuning seed; `{path.as_posix()}`):", "",
+                 "| method | runs | chosen | score | final val_loss | along each searched axis "
+                 "(value: score; the choice in bold) | tuned config |",
+                 "|---|---:|---|---:|---:|---|---|"]
+        for name in sorted({r["method"] for r in table}, key=order):
+            rows = [r for r in table if r["method"] == name]
+            rows = [r for r in rows if r["seeds"] == max(q["seeds"] for q in rows)]
+            best = min(rows, key=lambda r: r["score"])
+            chosen = {k: best[k] for k in SEARCHED if numeric(best.get(k))}
+            axes = []
+            for key in chosen:
+                if len({r[key] for r in rows if numeric(r.get(key))}) < 2:
+                    continue                                  # held fixed, not searched
+                line = sorted(line_through(rows, chosen, key), key=lambda r: r[key])
+                axes.append(f"{SEARCHED[key]} " + ", ".join(
+                    ("**{}**" if r is best else "{}").format(f"{r[key]:g}: {r['score']:.4f}")
+                    for r in line))
+            config = tuned / f"lm_{split}" / f"{name}.yaml"
+            held = (yaml.safe_load(config.read_text()) or {}).get("method", {}) \
+                if config.exists() else None
+            holds = held is not None and all(
+                held.get(k.removeprefix("method.")) == v for k, v in chosen.items())
+            lines.append(
+                f"| {LABELS.get(name, name)} | {len(rows)} | "
+                + ", ".join(f"{SEARCHED[k]} {v:g}" for k, v in chosen.items())
+                + f" | {best['score']:.4f} | {best['final']:.3f} | {'; '.join(axes) or '-'} | "
+                + (f"`{config.relative_to(tuned.parent.parent).as_posix()}`" if holds
+                   else "none: on an edge, or not selected" if held is None
+                   else "differs: rerun the selection") + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 def quoted(out: Path = OUT) -> dict[str, str]:
-    return {"lm": readme(out)}
+    return {"lm": readme(out), "lm-tuned": tuning_table(out)}
 
 
 def quote_in_docs(pages=DOCS, out: Path = OUT) -> None:
@@ -236,7 +287,7 @@ def quote_in_docs(pages=DOCS, out: Path = OUT) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["aggregate", "plot", "grads-cap", "readme"])
+    p.add_argument("command", choices=["aggregate", "plot", "grads-cap", "readme", "tuning"])
     p.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS)
     p.add_argument("--sweep", default=None, help="the runs' folder (with one --split)")
     p.add_argument("--from", dest="source", choices=["panel", "tune"], default="panel")
@@ -256,6 +307,8 @@ def main(argv=None) -> None:
             quote_in_docs()
     elif args.command == "readme":
         print(readme(Path(args.out)), end="")
+    elif args.command == "tuning":
+        print(tuning_table(Path(args.out)), end="")
     elif args.command == "plot":
         plot(Path(args.out), Path(args.fig))
     else:
