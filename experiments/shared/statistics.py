@@ -81,6 +81,12 @@ def group_runs(runs: Iterable[Run]) -> dict[tuple, list[Run]]:
     return dict(groups)
 
 
+def line_through(rows: list[dict], chosen: dict, key: str) -> list[dict]:
+    """The rows of a tuning table along ``key`` through the choice: every other setting at the
+    chosen one (where a row has it)."""
+    return [r for r in rows if all(r.get(k) == v for k, v in chosen.items() if k != key and k in r)]
+
+
 def by_method(runs: Iterable[Run], root, order) -> dict[str, list[Run]]:
     """{method name: its runs sorted by seed}, methods sorted by ``order``. Two settings of one
     method under ``root`` are refused (a stale run: remove it and rerun)."""

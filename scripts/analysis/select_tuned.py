@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.shared.statistics import group_runs, load_runs, log_area
+from experiments.shared.statistics import group_runs, line_through, load_runs, log_area
 from experiments.shared.tables import write_csv
 from experiments.shared.files import atomic_write_text
 
@@ -86,11 +86,6 @@ LIMITS = {"method.B": (1, None), "method.q": (None, 1), "compressor.density": (N
           "method.beta": (0, None)}
 """Settings that cannot go past a value (B >= 1 minibatch, q <= 1, density <= 1, beta >= 0: no
 momentum): a choice there is not an edge to extend."""
-
-
-def line_through(rows: list[dict], chosen: dict, key: str) -> list[dict]:
-    """The rows along ``key`` through the choice: every other setting at the chosen one."""
-    return [r for r in rows if all(r.get(k) == v for k, v in chosen.items() if k != key and k in r)]
 
 
 def grid_edges(table: list[dict], name: str, chosen: dict,

@@ -35,10 +35,9 @@ from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
 from experiments.shared.statistics import by_method as runs_by_method
-from experiments.shared.statistics import (load_runs, reduction_rows,
+from experiments.shared.statistics import (line_through, load_runs, reduction_rows,
                                            smoothed_curves, window_of)
 from experiments.shared.tables import read_csv, write_csv, write_table
-from scripts.analysis.select_tuned import line_through
 
 SPLITS = ("iid", "plays")
 OUT = Path("results/lm")
