@@ -168,7 +168,7 @@ def test_offline_log_read_while_written_gives_the_records_already_whole(tmp_path
     log = write_log(payloads)
     assert len(log) > 4 * BLOCK
     path = tmp_path / "run-x.wandb"
-    ends, pos, got = [], None, None
+    ends, got = [], None
     for cut in sorted({*range(7, len(log) + 1, 97), *range(len(log) - 300, len(log) + 1),
                        *(b * BLOCK + d for b in range(1, 5) for d in range(-9, 9))}):
         path.write_bytes(log[:cut])

@@ -25,8 +25,7 @@ def records(path: str | Path):
 
     W&B's service appends to the file while a run is live (and after ``finish()`` returns), so
     the last record can be torn: its header on disk, its chunk not yet, or not all of it. The
-    payloads stop before such a tail. A record whose checksum fails anywhere else is damage,
-    and an error."""
+    payloads stop before such a tail. A record whose checksum fails is damage, and an error."""
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a W&B transaction log")
@@ -45,8 +44,6 @@ def records(path: str | Path):
         if pos > len(data):            # torn tail: the chunk is not all written yet
             return
         if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
-            if pos == len(data):       # torn tail: the last bytes not written yet
-                return
             raise ValueError(f"{path}: bad checksum in the record at byte {start}")
         if kind == 1:                  # full
             yield chunk
