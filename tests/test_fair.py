@@ -154,8 +154,8 @@ def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monke
     text = (tmp_path / "out" / "decomposition.md").read_text()
     r = table(panel)[("alg1", "gluon")]
     assert f"{100 * r['reduction']:.0f}% [{100 * r['low']:.0f}, {100 * r['high']:.0f}]" in text
-    assert "the best dense baseline, large-batch Gluon" in text
-    assert "against Local Gluon" in text and "(best dense)" in text
+    assert "Against large-batch Gluon, the best dense baseline, it " in text
+    assert "Against Local Gluon, which sends only the syncs, it " in text and "(best dense)" in text
 
 
 def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
@@ -258,6 +258,9 @@ def test_large_batch_gluons_tuned_b_is_named_in_each_reading(panel):
     assert {r["baseline_B"] for r in d if r["baseline"] != "large_batch_gluon"} == {""}
     text = dec.markdown(d)
     assert "(best dense, B = 16)" in text and "large-batch Gluon (tuned for this reading: B = 16)" in text
+    said = dec.answer(d).splitlines()                 # a line per reading, short sentences
+    assert said[:2] == ["**a5a**:", ""] and said[2].startswith(
+        "- Equal uplink. Against Gluon at B = 1 (the paper's baseline), Alg. 1 ")
 
 
 def test_the_raw_first_hit_stands_beside_the_smoothed_one(panel):

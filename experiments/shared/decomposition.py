@@ -151,16 +151,17 @@ def _against(r: dict, what: str) -> str:
         return f"needs {-red:.0f}% [{-high:.0f}, {-low:.0f}] {more} {what} ({r['verdict']})"
     reached, seeds = int(r["seeds_reached"]), int(r["seeds"])
     if reached == 0:
-        return f"never reaches its final level (0 of {seeds} seeds)"
-    return f"reaches its final level in only {reached} of {seeds} seeds"
+        return f"never reaches the baseline's final level (0 of {seeds} seeds)"
+    return f"reaches the baseline's final level in only {reached} of {seeds} seeds"
 
 
 def answer(rows: list[dict]) -> str:
-    """The one-sentence mechanism per panel, written from the table (the README quotes it)."""
+    """What the table says, per panel: a line per reading of short sentences, Alg. 1 against
+    each dense baseline, then EF21-Muon against Gluon at B = 1 (the README quotes it)."""
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     out = []
     for task in sorted({r["task"] for r in rows}, key=lambda t: (t != "a5a", t)):
-        parts = []
+        lines = []
         for reading, what in (("uplink", "uplink"), ("compute", "gradient evaluations")):
             here = [r for r in rows if r["task"] == task and r["reading"] == reading]
             best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
@@ -168,23 +169,24 @@ def answer(rows: list[dict]) -> str:
                 continue
             B = next((r.get("baseline_B") for r in here if r["baseline"] == best
                       and str(r.get("baseline_B", "")) not in ("", "None")), None)
-            said = {best: f"against the best dense baseline, {SHORT[best]}"
-                          + (f" (tuned for this reading: B = {int(float(B)):,})" if B else "") + ",",
-                    "local_gluon": "against Local Gluon, which sends only the syncs,",
-                    "gluon": "against Gluon at B = 1 (the paper's baseline"
-                             + (" and here the best dense baseline)" if best == "gluon" else ")")}
+            said = {best: f"Against {SHORT[best]}"
+                          + (f" (tuned for this reading: B = {int(float(B)):,})" if B else "")
+                          + ", the best dense baseline,",
+                    "local_gluon": "Against Local Gluon, which sends only the syncs,",
+                    "gluon": "Against Gluon at B = 1 (the paper's baseline"
+                             + (", and here the best dense baseline)," if best == "gluon" else "),")}
             cells = [(b, get.get((task, reading, "alg1", b)))
                      for b in dict.fromkeys(("gluon", best, "local_gluon"))]
             if any(c is None for _, c in cells):
                 continue
-            words = [f"{said[b]} it {_against(c, what)}" if b != "gluon" else
-                     f"Alg. 1 {_against(c, what)} {said[b]}" for b, c in cells]
-            parts.append(f"at equal {reading}, " + "; ".join(words))
+            words = [f"{said[b]} {'Alg. 1' if i == 0 else 'it'} {_against(c, what)}."
+                     for i, (b, c) in enumerate(cells)]
             ef21 = get.get((task, reading, "ef21_muon", "gluon"))
             if ef21 is not None and _num(ef21["reduction"]):
-                parts[-1] += (f"; EF21-Muon (TopK 1% with error feedback, B = 1), re-tuned, "
-                              f"{_against(ef21, what)} than Gluon at B = 1")
-        out.append(f"**{task}**: " + ("; ".join(parts) + "." if parts else "pending."))
+                words.append(f"Against Gluon at B = 1, EF21-Muon (TopK 1% with error feedback, "
+                             f"B = 1), re-tuned, {_against(ef21, what)}.")
+            lines.append(f"- Equal {reading}. " + " ".join(words))
+        out.append(f"**{task}**:\n\n" + "\n".join(lines) if lines else f"**{task}**: pending.")
     return "\n\n".join(out)
 
 
