@@ -355,6 +355,20 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
     assert fig.grads_cap("iid", "tune", str(tune), tuned) == pytest.approx(20 * 40.0)
     fig.plot(out, tmp_path / "fig.png")
     assert (tmp_path / "fig.png").stat().st_size > 10_000
+    final = (out / "iid_final.md").read_text()        # the same last value in every seed
+    assert "| gluon | 3 | 2.000 [2.000, 2.000] |" in final and "95% t-interval" in final
+
+
+def test_the_final_table_gives_each_loss_with_its_t_interval(tmp_path):
+    from statistics import stdev
+    from experiments.shared.statistics import load_runs
+    from scripts.figures import lm as fig
+    for seed, end in enumerate((2.0, 2.1, 2.3)):
+        fake_panel_run(tmp_path, "alg1", seed, [3.0, end], 10.0, lr=0.001)
+    text = fig.final_table({"alg1": load_runs(tmp_path)})
+    half = 4.3026527 * stdev([2.0, 2.1, 2.3]) / math.sqrt(3)
+    assert f"| alg1 | 3 | 2.133 [{2.1333333 - half:.3f}, {2.1333333 + half:.3f}] |" in text
+    assert text.splitlines()[2].endswith("| 1.0 | 10 | 1 |")   # uplink, gradients, steps
 
 
 def test_a_method_whose_panel_is_still_running_is_left_out_and_said(tmp_path, capsys):

@@ -229,6 +229,15 @@ def test_at_five_seeds_the_t_interval_covers_and_the_percentile_bootstrap_does_n
     assert boot5 < 0.9 and boot3 < 0.82
 
 
+def test_a_mean_over_seeds_gets_its_t_interval():
+    """mean +- t_{n-1} sd / sqrt(n): for 1, 2, 3 the sd is 1 and t_{2, 0.975} = 4.3027."""
+    mean, lo, hi = statistics.t_interval_mean([1.0, 2.0, 3.0])
+    assert mean == 2.0 and hi - mean == pytest.approx(4.3026527 / math.sqrt(3)) == mean - lo
+    assert statistics.t_interval_mean([5.0, 5.0, 5.0]) == (5.0, 5.0, 5.0)
+    one = statistics.t_interval_mean([2.5])                  # one seed: no interval
+    assert one[0] == 2.5 and math.isnan(one[1]) and math.isnan(one[2])
+
+
 def test_t_interval_of_a_reduction_is_the_paired_ratio_estimate_with_a_t_quantile():
     cm, cb = np.array([100.0, 120, 90, 110, 105]), np.array([200.0, 230, 190, 210, 220])
     point, lo, hi = t_interval_reduction(cm, cb)

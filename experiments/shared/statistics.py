@@ -262,6 +262,18 @@ def t_interval_reduction(c_method: np.ndarray, c_base: np.ndarray, *,
     return float(1 - r), float(1 - r - t * se), float(1 - r + t * se)
 
 
+def t_interval_mean(values, *, confidence: float = 0.95) -> tuple[float, float, float]:
+    """The mean over seeds and its t-interval, mean +- t_{n-1} sd / sqrt(n) (sd with n - 1);
+    one seed gives no interval (nan)."""
+    v = np.asarray(values, float)
+    if v.size == 0:
+        raise ValueError("no values")
+    if v.size == 1:
+        return float(v[0]), math.nan, math.nan
+    half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+
+
 def reduction_se(t_low: float, t_high: float, n: int, confidence: float = 0.95) -> float:
     """The standard error behind a ``t_interval_reduction`` interval over ``n`` seeds: its
     half-width over t_{n-1}."""

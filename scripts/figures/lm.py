@@ -36,7 +36,7 @@ from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
 from experiments.shared.statistics import by_method as runs_by_method
 from experiments.shared.statistics import (line_through, load_runs, reduction_rows,
-                                           smoothed_curves, window_of)
+                                           smoothed_curves, t_interval_mean, window_of)
 from experiments.shared.tables import read_csv, write_csv, write_table
 
 SPLITS = ("iid", "plays")
@@ -97,23 +97,28 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
 
 
 def final_table(by_method: dict) -> str:
-    """Last values per method, mean +- population std over seeds."""
+    """Last values per method: the losses as the mean over seeds and its 95% t-interval, the
+    counters as means."""
     lines = ["| method | seeds | final val_loss (fixed windows) | whole validation text | "
              "training loss | uplink at the end | gradients per worker | steps |",
              "|---|---|---|---|---|---|---|---|"]
 
-    def ms(values, digits=4):
-        v = np.array([x for x in values if x is not None], dtype=float)
-        return f"{v.mean():.{digits}g} +- {v.std():.2g}" if v.size else "-"
+    def mean_ci(values):
+        v = [x for x in values if x is not None]
+        if not v:
+            return "-"
+        mean, low, high = t_interval_mean(v)
+        return f"{mean:.3f}" + ("" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]")
 
     for m, g in by_method.items():
         last = [r.rows[-1] for r in g]
-        lines.append(f"| {m} | {len(g)} | {ms([x[METRIC] for x in last])} | "
-                     f"{ms([x.get('val_loss_full') for x in last])} | "
-                     f"{ms([x.get('loss') for x in last])} | {np.mean([x['comm'] for x in last]):.1f} | "
+        lines.append(f"| {m} | {len(g)} | {mean_ci([x[METRIC] for x in last])} | "
+                     f"{mean_ci([x.get('val_loss_full') for x in last])} | "
+                     f"{mean_ci([x.get('loss') for x in last])} | {np.mean([x['comm'] for x in last]):.1f} | "
                      f"{np.mean([x['grads'] for x in last]):.0f} | "
                      f"{np.mean([x['step'] for x in last]):.0f} |")
-    return "\n".join(lines) + "\n"
+    return ("\n".join(lines) + "\n\nLosses: the mean over seeds and its 95% t-interval "
+            "(`t_interval_mean`); uplink, gradients and steps: means over seeds.\n")
 
 
 def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
