@@ -237,7 +237,8 @@ lm-runs: $(STAMP)  ## [study] the LM study's runs (docs/lm.md): tuning grids, th
 	    $(LM_SWEEP) experiment=$$t/tune_$$m || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t,--only gluon --only alg1 --only alg2 --only large_batch_gluon --only local_gluon) || exit 1; \
 	  cap=$$($(PY) -m scripts.figures.lm grads-cap --split $$s --from tune) || exit 1; \
-	  for e in ef21_muon ef21_muon_edges; do \
+	  own=$$([ $$s != plays ] || echo ef21_muon_low); \
+	  for e in ef21_muon ef21_muon_edges $$own; do \
 	    $(LM_SWEEP) experiment=$$t/tune_$$e max_grads=$$cap || exit 1; done; \
 	  $(call LM_SELECT,$$s,$$t) || exit 1; \
 	  $(LM_SWEEP) experiment=lm/panel_$$s || exit 1; \

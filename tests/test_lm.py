@@ -493,9 +493,17 @@ def test_make_lm_runs_runs_every_tuning_grid_on_both_splits():
     recipe = (REPO / "Makefile").read_text().split("\nlm-runs:")[1].split("\n\n")[0]
     loop = set(re.search(r"for m in ([\w ]+); do", recipe).group(1).split())
     assert loop == every - capped
-    capped_loop = re.search(r"for e in ([\w ]+); do\s*\\\s*.*max_grads=\$\$cap", recipe)
+    capped_loop = re.search(r"for e in ([\w ]+) \$\$own; do\s*\\\s*.*max_grads=\$\$cap", recipe)
     assert set(capped_loop.group(1).split()) == capped and "ef21_muon" in capped
     for name in every:
         mirror = (folder / "plays" / f"tune_{name}.yaml").read_text()
         assert f"- /experiment/lm/tune_{name}\n" in mirror
         assert "split: plays" in mirror and "group: lm/plays/tune" in mirror
+    # plays' own extensions (an edge that chose on plays alone) run in its capped loop, after
+    # the grid they extend, and build on that grid's plays mirror
+    own = re.search(r"own=\$\$\(\[ \$\$s != plays \] \|\| echo ([\w ]+)\)", recipe)
+    plays_only = {p.stem.removeprefix("tune_") for p in (folder / "plays").glob("tune_*.yaml")} - every
+    assert own and set(own.group(1).split()) == plays_only
+    for name in plays_only:
+        assert name.startswith("ef21_muon") and "- /experiment/lm/plays/tune_ef21_muon\n" in \
+            (folder / "plays" / f"tune_{name}.yaml").read_text()
