@@ -158,6 +158,19 @@ def test_the_sentence_and_table_are_written_from_the_rows(panel, tmp_path, monke
     assert "Against Local Gluon, which sends only the syncs, it " in text and "(best dense)" in text
 
 
+def test_writing_one_panel_leaves_the_others_rows_as_they_were(panel, tmp_path):
+    """decomposition.csv holds several panels (a5a and the CNN; the LM's two splits): writing one
+    keeps the other's cells byte for byte, not re-read as floats ("5" becoming "5.0")."""
+    rows = list(table(panel).values())
+    dec.write_decomposition(rows, "a5a", tmp_path)
+    before = (tmp_path / "decomposition.csv").read_text().splitlines()
+    assert any(",95% t-interval,3,3," in line for line in before)          # 3 seeds, as written
+    dec.write_decomposition([{**r, "task": "cnn"} for r in rows], "cnn", tmp_path)
+    after = (tmp_path / "decomposition.csv").read_text().splitlines()
+    assert [line for line in after if line.startswith("a5a,")] == before[1:]
+    assert len(after) == 2 * len(before) - 1
+
+
 def test_aggregate_plot_and_quote_from_run_folders(tmp_path, monkeypatch):
     """The whole path on hand-made runs: a panel with only its uplink reading is aggregated
     (the compute reading said to be missing), drawn, and quoted into a page's block."""

@@ -334,11 +334,16 @@ def test_the_figure_script_reads_a_panel_and_caps_ef21_muon_at_alg1s_gradients(t
         fake_panel_run(panel, "gluon", seed, [4.0 - 0.1 * i for i in range(21)], 1.0, lr=0.02)
         fake_panel_run(panel, "alg1", seed, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10,
                        30.0 + seed, lr=0.001, B=16)
+        fake_panel_run(panel, "large_batch_gluon", seed, [4.0 - 0.09 * i for i in range(21)],
+                       16.0, lr=0.04, B=16)
+        fake_panel_run(panel, "local_gluon", seed, [4.0 - 0.05 * i for i in range(21)], 16.0,
+                       lr=0.0005, B=16)
     out = tmp_path / "out"
     assert fig.aggregate("iid", str(panel), out)
     rows = [r for r in fig.read_csv(out / "reduction.csv") if r["level"] == "baseline_final"
-            and r["metric"] == "smoothed_first_hit" and r["method"] == "alg1"]
-    assert rows and rows[0]["task"] == "lm_iid" and rows[0]["baseline"] == "gluon"
+            and r["metric"] == "smoothed_first_hit" and r["method"] == "alg1"
+            and r["baseline"] == "gluon"]
+    assert rows and rows[0]["task"] == "lm_iid"
     assert rows[0]["reduction"] > 0.4                  # Alg. 1 reaches Gluon's level in half
     assert fig.grads_cap("iid", sweep=str(panel)) == pytest.approx(20 * 31.0)
     dec = {(r["method"], r["baseline"]): r for r in fig.read_csv(out / "decomposition.csv")}
@@ -373,16 +378,21 @@ def test_the_final_table_gives_each_loss_with_its_t_interval(tmp_path):
 
 def test_a_method_whose_panel_is_still_running_is_left_out_and_said(tmp_path, capsys):
     """While the panel runs, a method short of the panel's seeds is left out by name (the
-    reduction pairs seeds), and with no compressed method complete the block claims nothing."""
+    reduction pairs seeds), and with no compressed method complete the block claims nothing.
+    Nor does it while a dense baseline waits: the best of them is what a reduction is against."""
     from scripts.figures import lm as fig
     panel, out = tmp_path / "panel", tmp_path / "out"
     for seed in (0, 1, 2):
         fake_panel_run(panel, "gluon", seed, [4.0 - 0.1 * i for i in range(21)], 1.0, lr=0.02)
+        fake_panel_run(panel, "large_batch_gluon", seed, [4.0 - 0.09 * i for i in range(21)],
+                       16.0, lr=0.04, B=16)
     fake_panel_run(panel, "alg1", 0, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10, 30.0,
                    lr=0.001, B=16)
     assert fig.aggregate("iid", str(panel), out)
-    assert "[lm] iid panel: alg1 has 1 of 3 seeds; left out" in capsys.readouterr().out
-    assert {r["method"] for r in fig.read_csv(out / "reduction.csv")} == {"gluon"}
+    said = capsys.readouterr().out
+    assert "[lm] iid panel: alg1 has 1 of 3 seeds; left out" in said
+    assert "[lm] iid panel: waiting for local_gluon; no reduction is claimed" in said
+    assert fig.read_csv(out / "reduction.csv") == [] and "alg1" not in (out / "iid_final.md").read_text()
     block = fig.readme(out)
     assert block.startswith("No compressed method's panel is complete yet: no reduction is claimed.")
     assert "|---|" not in block
@@ -390,7 +400,15 @@ def test_a_method_whose_panel_is_still_running_is_left_out_and_said(tmp_path, ca
         fake_panel_run(panel, "alg1", seed, [4.0 - 0.2 * i for i in range(11)] + [2.0] * 10,
                        30.0, lr=0.001, B=16)
     assert fig.aggregate("iid", str(panel), out)
+    assert "| alg1 | 3 |" in (out / "iid_final.md").read_text()   # its final values are facts
+    assert "|---|" not in fig.readme(out)                         # a reduction is not yet
+    for seed in (0, 1, 2):
+        fake_panel_run(panel, "local_gluon", seed, [4.0 - 0.05 * i for i in range(21)], 16.0,
+                       lr=0.0005, B=16)
+    assert fig.aggregate("iid", str(panel), out)
     assert "| lm_iid | uplink | Alg. 1 (RandK 1%) |" in fig.readme(out)
+    assert {r["baseline"] for r in fig.read_csv(out / "reduction.csv")} >= {
+        "gluon", "large_batch_gluon", "local_gluon"}
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/lm.md"])

@@ -194,7 +194,10 @@ def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
     """Replace one panel's rows of ``out``/decomposition.csv (the other panels' are kept) and
     rewrite decomposition.md from the whole CSV."""
     path = out / "decomposition.csv"
-    keep = [r for r in read_csv(path) if r["task"] != task_name] if path.exists() else []
+    keep = []
+    if path.exists():           # the other panels' rows as their cells were written, unparsed
+        with open(path) as fh:
+            keep = [r for r in csv.DictReader(fh) if r["task"] != task_name]
     all_rows = sorted(keep + rows, key=lambda r: (r["task"] != "a5a", r["task"]))   # a5a first
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")

@@ -30,7 +30,7 @@ import yaml
 
 from experiments.shared.configs import CONFIGS, sweep_dir
 from experiments.shared.decomposition import decomposition, quote_in_pages, write_decomposition
-from experiments.shared.fair_panels import BASELINES, LABELS, ORDER, complete, order
+from experiments.shared.fair_panels import BASELINES, DENSE, LABELS, ORDER, complete, order
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
@@ -60,7 +60,9 @@ def tuning(split: str) -> str:
 
 def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     """One split's curves, settings, final values and reduction rows; False when it has no
-    finished runs yet."""
+    finished runs yet. The reduction rows and the decomposition wait until every dense baseline
+    has its panel: before that, which baseline is best, and so what a reduction is against, is
+    undecided."""
     root = Path(sweep) if sweep else sweep_dir("lm", panel(split))
     runs = load_runs(root) if root.exists() else []
     if not runs:
@@ -71,8 +73,14 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     window = window_of(budget)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(smoothed_curves(by_method, METRIC, budget, window), out / f"{split}_curves.csv")
-    rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
-                          baselines=[b for b in BASELINES if b in by_method], task=f"lm_{split}")
+    waiting = [b for b in DENSE if b not in by_method]
+    if waiting:   # the best dense baseline, and so every reduction's baseline, is undecided
+        print(f"[lm] {split} panel: waiting for {', '.join(waiting)}; no reduction is claimed")
+        rows = []
+    else:
+        rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
+                              baselines=[b for b in BASELINES if b in by_method],
+                              task=f"lm_{split}")
     write_table(rows, out / "reduction.csv", out / "reduction.md", replace_task=f"lm_{split}")
     write_decomposition(decomposition(rows, f"lm_{split}", "uplink",
                                       {m: g[0].config["method"].get("B") for m, g in by_method.items()}),
@@ -152,6 +160,10 @@ def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
                 ax.plot([rs[-1]["comm"]], [rs[-1]["smoothed"]], "|", ms=10, color=line.get_color())
         log_axes(ax, int(rows[0]["seeds"]), info.get("window", "?"), fontsize=7,
                  tail=";\nthin: unsmoothed; | : the run's compute cap")
+        waiting = [LABELS[m] for m in ORDER if m not in {r["label"] for r in rows}]
+        if waiting:
+            ax.text(0.98, 0.98, "panel still running:\n" + "\n".join(waiting), ha="right",
+                    va="top", fontsize=7, transform=ax.transAxes)
     fig.tight_layout()
     fig_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(fig_path, dpi=150, metadata={"Software": None})   # same results, same file
