@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 import yaml
 
 from experiments.shared.configs import CONFIGS, sweep_dir
@@ -33,7 +32,7 @@ from experiments.shared.runs import group_key
 from experiments.shared.files import atomic_write_text
 from experiments.shared.statistics import by_method as runs_by_method
 from experiments.shared.statistics import (Run, final_level, load_runs, log_area, reduction_rows,
-                                           reduction_se, welch_difference)
+                                           reduction_se, t_interval_mean, welch_difference)
 from experiments.shared.tables import read_csv, write_csv
 
 SWEEPS = sweep_dir("cnn", "cnn_gap/panel").parent   # each condition's sweep is SWEEPS/<name>
@@ -319,10 +318,8 @@ def fifth_drop(runs: list[Run], c: float) -> np.ndarray:
 def fifth_drop_upper(runs: list[Run], c: float) -> float:
     """The upper end of the 95% t-interval of the seeds' mean :func:`fifth_drop` (the mean
     itself for one seed, or seeds that agree)."""
-    d = fifth_drop(runs, c)
-    if len(d) < 2:
-        return float(d.mean())
-    return float(d.mean() + stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    mean, _, high = t_interval_mean(fifth_drop(runs, c))
+    return mean if math.isnan(high) else high
 
 
 def budget_check(groups: dict[str, list[Run]]) -> dict:

@@ -149,7 +149,8 @@ def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
         if not rows:
             no_runs(ax, "make lm-runs")
             continue
-        for m in sorted({r["label"] for r in rows}, key=order):
+        drawn = {r["label"] for r in rows}
+        for m in sorted(drawn, key=order):
             rs = [r for r in rows if r["label"] == m]
             end = settings.get(m, {})
             text = LABELS.get(m, m) + (f", stopped at {end['max_grads']:,.0f} gradients per "
@@ -160,7 +161,7 @@ def plot(out: Path = OUT, fig_path: Path = FIG) -> None:
                 ax.plot([rs[-1]["comm"]], [rs[-1]["smoothed"]], "|", ms=10, color=line.get_color())
         log_axes(ax, int(rows[0]["seeds"]), info.get("window", "?"), fontsize=7,
                  tail=";\nthin: unsmoothed; | : the run's compute cap")
-        waiting = [LABELS[m] for m in ORDER if m not in {r["label"] for r in rows}]
+        waiting = [LABELS[m] for m in ORDER if m not in drawn]
         if waiting:
             ax.text(0.98, 0.98, "panel still running:\n" + "\n".join(waiting), ha="right",
                     va="top", fontsize=7, transform=ax.transAxes)
