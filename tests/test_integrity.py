@@ -448,6 +448,73 @@ def test_checkpoint_temporaries_are_removed_at_the_end_of_a_run(tmp_path, result
     assert (run / "notes.txt").read_text() == "mine"
 
 
+def removing_train(train, folder: Path, step: int | None):
+    """``train`` during which ``folder`` is removed: right after ``step``, or (None) once
+    training is done, before the run writes its summary (a stopped sweep cleaned up)."""
+    def removing(method, steps, **kw):
+        inner = kw["on_step"]
+
+        def on_step(m):
+            inner(m)
+            if m.k == step:
+                shutil.rmtree(folder)
+        status = train(method, steps, **{**kw, "on_step": on_step})
+        if step is None:
+            shutil.rmtree(folder)
+        return status
+    return removing
+
+
+@pytest.mark.parametrize("when", ["before the summary", "before a checkpoint"])
+@pytest.mark.parametrize("wandb_mode", ["disabled", "offline"])
+def test_a_run_whose_folder_is_removed_while_it_runs_never_makes_it_again(
+        tmp_path, results, monkeypatch, when, wandb_mode):
+    """A sweep stopped and cleaned up while one of its runs went on: the run stops at its next
+    write (a checkpoint or its summary) with a two-line EnvironmentProblem, and the folder stays
+    gone, not made anew around a summary (or a checkpoint) whose rows no longer exist."""
+    from experiments.run import lifecycle
+    from experiments.run.record import RunRemoved
+    from gluon import train
+    cfg = compose_config("logreg", "steps=40", "log_every=10", "checkpoint_every=20",
+                         f"wandb.enabled={wandb_mode != 'disabled'}", f"wandb.mode={wandb_mode}",
+                         f"results_dir={results}")
+    run = tmp_path / "sweep" / "run"
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_elsewhere"))
+    monkeypatch.setattr(lifecycle, "train",
+                        removing_train(train, run, 5 if when == "before a checkpoint" else None))
+    with pytest.raises(RunRemoved) as err:
+        execute(cfg, run, logreg)
+    assert not run.exists(), sorted(p.name for p in run.rglob("*"))
+    first, second = str(err.value).splitlines()
+    assert first == f"{run} was removed while the run ran (its metrics.jsonl is gone): nothing " \
+                    "more is written there"
+    assert second == "  run the same command to compute it again"
+    monkeypatch.setattr(lifecycle, "train", train)
+    assert execute(cfg, run, logreg)["status"] == "ok"          # computed again from scratch
+    assert read_summary(run)["metrics"] == digest(run / "metrics.jsonl")
+
+
+def test_a_sweep_says_a_removed_run_stopped_and_goes_on(tmp_path, results, monkeypatch):
+    """Inside a sweep the removed run is reported "stopped" (unfinished), not "failed": no
+    summary is written for it."""
+    from experiments.run import job
+    from experiments.run.record import RunRemoved
+
+    def removed(*a, **k):
+        raise RunRemoved("x was removed while the run ran\n  run the same command")
+    monkeypatch.setattr(job, "execute", removed)
+    from hydra.types import RunMode
+    from types import SimpleNamespace
+    hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path / "r")),
+                         mode=RunMode.MULTIRUN)
+    from hydra.core import hydra_config
+    monkeypatch.setattr(hydra_config.HydraConfig, "get", staticmethod(lambda: hc))
+    cfg = compose_config("logreg", "steps=40", f"results_dir={results}")
+    out = job.run_hydra_job(cfg, logreg)
+    assert out["status"] == "stopped" and "removed while the run ran" in out["error"]
+    assert not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------- 6. smaller
 
 def test_shards_smaller_than_a_minibatch_are_said_in_one_line(tmp_path, results, caplog):

@@ -211,6 +211,47 @@ def test_local_submitit_preemption_requeues_and_resumes(tmp_path, results):
     assert metrics_bytes(run) == metrics_bytes(ref_run)
 
 
+def test_usr1_to_a_local_sweeps_process_group_stops_every_job_at_a_checkpoint(tmp_path,
+                                                                               results):
+    """docs/slurm.md's way to stop a local sweep from another shell: USR1 to its process group.
+    Every submitit job (a process of its own, which ignores SIGTERM as under SLURM) writes a
+    checkpoint and exits, no process of the sweep is left, and no run has a summary."""
+    folder = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.logreg", "-m", "launcher=local",
+                             "seed=0,1", "steps=1000000", "checkpoint_every=200",
+                             f"results_dir={results}", f"hydra.sweep.dir={folder}"], cwd=REPO,
+                            env={**ENV, "GLUON_JOBS": "2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    t0 = time.time()
+    while len(list(folder.glob(f"*/*/{CHECKPOINT}"))) < 2:
+        assert proc.poll() is None and time.time() - t0 < 120, proc.stdout.read()
+        time.sleep(0.1)
+    assert len(_sweep_processes(folder)) == 2             # the two jobs run apart from it
+    os.killpg(proc.pid, signal.SIGUSR1)
+    proc.communicate(timeout=60)
+    t0 = time.time()
+    while _sweep_processes(folder) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    assert _sweep_processes(folder) == []
+    runs = list(folder.glob(f"*/*/{CHECKPOINT}"))
+    assert len(runs) == 2 and not list(folder.glob("*/*/summary.json"))
+    for r in runs:
+        assert "[signal] SIGUSR1 at step" in next(r.parent.glob("*.log")).read_text()
+
+
+def _sweep_processes(folder: Path) -> list[int]:
+    """The submitit job processes (``submitit.core._submit``) running from ``folder``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmd and any(str(folder).encode() in c for c in cmd):
+            out.append(int(proc.name))
+    return out
+
+
 def _param(run_dir: Path, sweep_dir: Path, key: str) -> str:
     """A dotted key's value in the config a job directory's run recorded (config.json)."""
     value = json.loads((run_dir / "config.json").read_text())
@@ -221,14 +262,9 @@ def _param(run_dir: Path, sweep_dir: Path, key: str) -> str:
 
 def _job_pid(folder: Path) -> int:
     """The pid of the submitit task process running from ``folder`` (started by this test)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"submitit.core._submit" in cmd and any(str(folder).encode() in c for c in cmd):
-            return int(proc.name)
-    raise AssertionError("submitit job process not found")
+    pids = _sweep_processes(folder)
+    assert pids, "submitit job process not found"
+    return pids[0]
 
 
 FAKE_MPS = """#!/usr/bin/env bash

@@ -22,6 +22,8 @@ summary, only its checkpoint, and resumes.
 The environment (a full disk, a folder made read-only, data that went missing) stops a run with
 an :class:`~experiments.shared.errors.EnvironmentProblem`, never a "failed" summary: the
 checkpoint is kept, and the message says which file could not be written and what to do.
+A run whose folder was removed while it ran (a stopped sweep cleaned up) stops at its next write,
+a checkpoint or its summary, writing nothing (:class:`~experiments.run.record.RunRemoved`).
 
 Concurrency: a run folder is written by one process at a time
 (:class:`~experiments.shared.lock.RunLock`; the command line took it already for a single run,
@@ -106,6 +108,7 @@ class StartedRun(NamedTuple):
 
     def save(self) -> None:
         """A checkpoint of the run now (written atomically; the last good one is kept)."""
+        self.record.check_intact()           # a folder removed meanwhile is not made again
         method, state = self.built.method, self.built.state
         save_checkpoint(self.path, {
             "format": CHECKPOINT_FORMAT, "config": runs.identity(self.config), "job": job_key(),
@@ -207,9 +210,10 @@ def _train(run: StartedRun) -> str:
                          log_comm=cfg.get("log_comm"), max_grads=cfg.get("max_grads"),
                          log_grads=cfg.get("log_grads"))
         except Exception as err:
-            if interrupted or environmental(err) is not None:   # e.g. submitit: "timed-out
-                run.record.abort()        # too many times"; a full disk: the checkpoint
-                raise                     # is kept and resumes the run
+            if (interrupted or environmental(err) is not None   # e.g. submitit: "timed-out
+                    or isinstance(err, EnvironmentProblem)):    # too many times"; a full
+                run.record.abort()        # disk: the checkpoint is kept and resumes the run;
+                raise                     # the run folder removed: nothing is written
             run.record.finish("failed", error=traceback.format_exc(), **run.built.summary)
             run.path.unlink(missing_ok=True)  # a failure is re-run from scratch
             raise

@@ -34,6 +34,7 @@ from typing import Any
 from gluon.engine import gradients_per_worker
 
 from experiments.shared import runs
+from experiments.shared.errors import EnvironmentProblem
 from experiments.shared.runs import FINISHED
 from experiments.shared.files import REPO, atomic_write, atomic_write_text
 
@@ -52,6 +53,12 @@ def git_commit() -> dict:
     # a copy of the checkout without its .git (a compute node, a GPU machine) is named by whoever
     # copied it; whether that copy was clean is then unknown
     return {"git_commit": os.environ.get("GLUON_GIT_COMMIT") or None, "git_dirty": None}
+
+
+class RunRemoved(EnvironmentProblem):
+    """The run folder was removed while the run ran (a stopped sweep was cleaned up): the run
+    stops without writing there again, so the folder is not made anew around a summary or a
+    checkpoint whose rows are gone. Said in two lines, like the other environment problems."""
 
 
 class WandbError(RuntimeError):
@@ -103,9 +110,32 @@ class RunLog:
             self._hash.update(data)
             self._fh = open(path, "a")
             self.rows, self.last_row = len(rows), (rows[-1] if rows else None)
+        st = os.fstat(self._fh.fileno())
+        self._metrics_file = (st.st_dev, st.st_ino)      # what intact() compares
         atomic_write_text(self.dir / "config.json", json.dumps(self.config, indent=2))
         self.wandb_id = wandb_id or _new_wandb_id(self.dir)
         self._start_wandb(resumed=resume_rows is not None)
+
+    def intact(self) -> bool:
+        """Whether the run folder still holds the metrics.jsonl this run writes. False once the
+        folder was removed (or the file replaced) while the run ran: a stopped sweep cleaned it
+        up, or a user did. Every other process (and rank) is True."""
+        if not self.enabled or self._metrics_file is None:
+            return True
+        try:
+            b = os.stat(self.dir / runs.METRICS)
+        except OSError:                         # gone (with its folder, or alone)
+            return False
+        return (b.st_dev, b.st_ino) == self._metrics_file
+
+    def check_intact(self) -> None:
+        """Refuse to write into a run folder removed while the run ran: the write would make
+        the folder again, holding a summary (or checkpoint) of rows that no longer exist."""
+        if not self.intact():
+            self.abort()
+            raise RunRemoved(f"{runs.shown(self.dir)} was removed while the run ran (its "
+                             f"{runs.METRICS} is gone): nothing more is written there\n  "
+                             "run the same command to compute it again")
 
     def rows_sha256(self) -> str:
         """SHA-256 of the rows written so far (a checkpoint records it: resuming needs them)."""
@@ -153,6 +183,7 @@ class RunLog:
 
     last_row: dict | None = None
     rows: int = 0
+    _metrics_file: tuple[int, int] | None = None
     wandb_id: str | None = None
 
     def log(self, row: dict) -> None:
@@ -175,6 +206,7 @@ class RunLog:
         self.rows += 1
 
     def finish(self, status: str, **extra: Any) -> dict:
+        self.check_intact()
         if getattr(self, "_fh", None) is not None:
             self._fh.close()
         if self.enabled:               # what metrics.jsonl holds now: a later change is damage
