@@ -479,7 +479,6 @@ def test_a_run_whose_folder_is_removed_while_it_runs_never_makes_it_again(
                          "wandb.enabled=true", "wandb.mode=offline",
                          f"results_dir={results}")
     run = tmp_path / "sweep" / "run"
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_elsewhere"))
     monkeypatch.setattr(lifecycle, "train",
                         removing_train(train, run, 5 if when == "before a checkpoint" else None))
     with pytest.raises(RunRemoved) as err:
@@ -494,7 +493,7 @@ def test_a_run_whose_folder_is_removed_while_it_runs_never_makes_it_again(
     assert read_summary(run)["metrics"] == digest(run / "metrics.jsonl")
 
 
-def test_a_sweep_says_a_removed_run_stopped_and_goes_on(tmp_path, results, monkeypatch):
+def test_a_sweep_reports_a_removed_run_stopped_not_failed(tmp_path, results, monkeypatch):
     """Inside a sweep the removed run is reported "stopped" (unfinished), not "failed": no
     summary is written for it."""
     from experiments.run import job

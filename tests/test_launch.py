@@ -220,19 +220,27 @@ def test_usr1_to_a_local_sweeps_process_group_stops_every_job_at_a_checkpoint(tm
     proc = subprocess.Popen([sys.executable, "-m", "experiments.logreg", "-m", "launcher=local",
                              "seed=0,1", "steps=1000000", "checkpoint_every=200",
                              f"results_dir={results}", f"hydra.sweep.dir={folder}"], cwd=REPO,
-                            env={**ENV, "GLUON_JOBS": "2"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    t0 = time.time()
-    while len(list(folder.glob(f"*/*/{CHECKPOINT}"))) < 2:
-        assert proc.poll() is None and time.time() - t0 < 120, proc.stdout.read()
-        time.sleep(0.1)
-    assert len(_sweep_processes(folder)) == 2             # the two jobs run apart from it
-    os.killpg(proc.pid, signal.SIGUSR1)
-    proc.communicate(timeout=60)
-    t0 = time.time()
-    while _sweep_processes(folder) and time.time() - t0 < 30:
-        time.sleep(0.1)
-    assert _sweep_processes(folder) == []
+                            env={**ENV, "GLUON_JOBS": "2"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        t0 = time.time()
+        while len(list(folder.glob(f"*/*/{CHECKPOINT}"))) < 2:
+            assert proc.poll() is None and time.time() - t0 < 120
+            time.sleep(0.1)
+        assert len(_sweep_processes(folder)) == 2         # the two jobs run apart from it
+        os.killpg(proc.pid, signal.SIGUSR1)
+        proc.wait(timeout=60)
+        t0 = time.time()
+        while _sweep_processes(folder) and time.time() - t0 < 30:
+            time.sleep(0.1)
+        assert _sweep_processes(folder) == []
+    finally:                  # whatever failed, no job of a million steps outlives the test
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in _sweep_processes(folder):
+            os.kill(pid, signal.SIGKILL)
     runs = list(folder.glob(f"*/*/{CHECKPOINT}"))
     assert len(runs) == 2 and not list(folder.glob("*/*/summary.json"))
     for r in runs:
