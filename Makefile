@@ -70,8 +70,9 @@ test: $(STAMP)  ## [develop] run the test suite (fast tests; 8 to 16 minutes on 
 test-slow: $(STAMP)  ## [develop] run every test, the slow end-to-end ones included
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m 'slow or not slow'
 
-bench: $(STAMP)  ## [develop] throughput benchmark of every method on a5a (steps/s, where the time goes)
+bench: $(STAMP)  ## [develop] throughput benchmark of every method on a5a (steps/s, where the time goes); f* at each BLAS thread count
 	$(PY) -m scripts.bench.bench_logreg
+	$(PY) -m scripts.bench.bench_fstar --out results/bench/fstar.md
 
 bench-cnn: $(STAMP)  ## [develop] CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
 	$(PY) -m scripts.bench.bench_cnn --out results/bench/cnn.md

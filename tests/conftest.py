@@ -5,8 +5,15 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+from threadpoolctl import threadpool_limits
 
 from experiments.run.config import compose as compose_config  # noqa: F401 (the helper)
+
+# `make test` runs two test processes on two cores: each computes on one thread, as every run
+# does (threads=1), so that neither torch nor numpy's BLAS spins on the core the other holds.
+torch.set_num_threads(1)
+threadpool_limits(1, user_api="blas")
 
 from experiments.shared.files import REPO
 CONFIGS = REPO / "configs"

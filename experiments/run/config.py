@@ -95,7 +95,7 @@ class RunConf:
     data_dir: Optional[str] = None
     results_dir: str = "results"
     overwrite: bool = False
-    threads: int = 1
+    threads: int = 1                    # CPU threads of torch and of numpy's BLAS (f*)
     group: Optional[str] = None
     checkpoint_every: int = MISSING     # steps between checkpoints (each entry point's yaml)
     keep_checkpoint: bool = False       # a finished run keeps its final state (extend_from reads it)

@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig
+from threadpoolctl import threadpool_limits
 
 from gluon import train
 from .world import World
@@ -76,8 +77,9 @@ def execute(cfg: DictConfig | ResolvedConfig, run_dir: str | Path, task,
     run = checked(cfg, task)
     world = world or World(dense=run.cfg.dense_collective)   # the simulation counts its traffic
     torch.set_num_threads(run.cfg.threads)
-    try:
-        with RunLock(run_dir, enabled=world.writer):
+    try:          # numpy's BLAS (f*) too: its default, a thread per core, spins on the cores
+        with threadpool_limits(run.cfg.threads, user_api="blas"), \
+                RunLock(run_dir, enabled=world.writer):    # that other runs of a sweep hold
             started = _start(run, run_dir, world)
             if not isinstance(started, StartedRun):      # skipped: the finished run's summary
                 return started
