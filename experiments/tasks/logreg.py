@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.datasets import load_svmlight_file
 from torch import Tensor
 
 from gluon import simulate
@@ -48,7 +47,8 @@ def load_libsvm(path: str | Path, n_features: int = N_FEATURES) -> tuple[Tensor,
     labelled 0/1 has 0 read as -1). A file that is not LIBSVM text, a value that is not finite
     or not representable in float32 (``3:1e300``, ``5:nan``) and a label that is not binary
     (``7``) are a DataCorruptError naming the file's first bad line."""
-    try:
+    from sklearn.datasets import load_svmlight_file   # here: a run refused earlier never pays
+    try:                                              # for scikit-learn's import (about 1 s)
         X, y = load_svmlight_file(str(path), n_features=n_features)
     except (ValueError, UnicodeDecodeError) as err:
         raise DataCorruptError(_bad_line(path, n_features, err)) from None
