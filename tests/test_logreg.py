@@ -119,6 +119,31 @@ def test_run_decreases_gap_and_records_everything(tmp_path):
     assert abs(rows[-1]["gap"] - (rows[-1]["loss"] - s["f_star"])) < 1e-12
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_run_solves_f_star_on_its_own_threads_and_gives_the_process_back(tmp_path,
+                                                                            monkeypatch, threads):
+    """numpy's BLAS, which solves f*, runs on the run's ``threads``, as torch does, whatever the
+    process had (here 3); the process has its own back after the run."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from experiments.tasks import logreg as task
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+    seen = []
+
+    def solving(*args, **kw):
+        seen.append(blas_threads())
+        return solve_f_star(*args, **kw)
+    monkeypatch.setattr(task, "solve_f_star", solving)
+    _a5a()
+    with threadpool_limits(3, user_api="blas"):
+        s = run(cfg("steps=10", "log_every=10", f"threads={threads}", tmp=tmp_path),
+                tmp_path / "run")
+        assert blas_threads() == {3}
+    assert s["status"] == "ok" and seen == [{threads}]      # f* was solved, on ``threads``
+
+
 def test_same_seed_same_run_and_rerun_skips(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="experiments")
     _a5a()

@@ -47,8 +47,8 @@ def load_libsvm(path: str | Path, n_features: int = N_FEATURES) -> tuple[Tensor,
     labelled 0/1 has 0 read as -1). A file that is not LIBSVM text, a value that is not finite
     or not representable in float32 (``3:1e300``, ``5:nan``) and a label that is not binary
     (``7``) are a DataCorruptError naming the file's first bad line."""
-    from sklearn.datasets import load_svmlight_file   # here: a run refused earlier never pays
-    try:                                              # for scikit-learn's import (about 1 s)
+    from sklearn.datasets import load_svmlight_file   # here: a command refused before its data
+    try:                                              # never imports scikit-learn
         X, y = load_svmlight_file(str(path), n_features=n_features)
     except (ValueError, UnicodeDecodeError) as err:
         raise DataCorruptError(_bad_line(path, n_features, err)) from None
