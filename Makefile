@@ -64,7 +64,7 @@ install: $(STAMP)  ## [operate] create .venv and install the project with its pi
 # Test processes (pytest-xdist; auto: one per core). A test file stays in one process, so the
 # tests of one file never race on what they share (the shaped-network namespace, module fixtures).
 TEST_JOBS ?= auto
-test: $(STAMP)  ## [develop] run the test suite (fast tests; 8 to 16 minutes on 2 cores)
+test: $(STAMP)  ## [develop] run the test suite (fast tests; about 13 minutes on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-slow: $(STAMP)  ## [develop] run every test, the slow end-to-end ones included
