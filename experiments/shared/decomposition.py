@@ -30,10 +30,15 @@ def verdict(reduction: float, low: float, high: float, reached: int, seeds: int)
     return "not told apart"
 
 
+LEVERS = DENSE[1:]      # the dense baselines that take Alg. 1's lever: read against Gluon alone
+ROWS = LEVERS + METHODS
+
+
 def method_order(label: str) -> tuple:
-    """The decomposition's rows: METHODS' order, Alg. 1's other densities after it."""
+    """The decomposition's rows: the levers alone (large-batch Gluon, Local Gluon), then METHODS'
+    order, Alg. 1's other densities after Alg. 1."""
     base, _, density = label.partition("@")
-    return METHODS.index(base), float(density or 0)
+    return ROWS.index(base), float(density or 0)
 
 
 DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
@@ -47,22 +52,25 @@ def decomposition(rows: list[dict], task: str, reading: str,
     """From a reading's reduction rows: each method of METHODS (and Alg. 1 at the other RandK
     densities run, ``alg1@<density>``) against each dense baseline at that baseline's final
     level (smoothed first hit), with the interval Figure 2's README uses (the percentile
-    bootstrap from 10 seeds on, the paired t-interval below) and its verdict. ``best_dense``
-    marks the dense baseline with the lowest final level; ``baseline_B`` is large-batch Gluon's B
-    in this reading (``batch``: {label: B}), tuned for it (B = 1 is Gluon itself)."""
+    bootstrap from 10 seeds on, the paired t-interval below) and its verdict. Large-batch Gluon
+    and Local Gluon get a row each against Gluon at B = 1: what the lever alone buys, judged by
+    the same rule. ``best_dense`` marks the dense baseline with the
+    lowest final level, once every dense baseline is read (before that it is undecided, and no
+    row is marked); ``baseline_B`` is large-batch Gluon's B in this reading (``batch``:
+    {label: B}), tuned for it (B = 1 is Gluon itself)."""
     finals = [r for r in rows if r["level"] == "baseline_final"
               and r["metric"] == "smoothed_first_hit"]
     by = {(r["baseline"], r["method"]): r for r in finals}
     raw = {(r["baseline"], r["method"]): r for r in rows if r["level"] == "baseline_final"
            and r["metric"] == "raw_first_hit"}
     levels = {b: by[(b, b)]["eps"] for b in DENSE if (b, b) in by}
-    best = min(levels, key=levels.get) if levels else ""
+    best = min(levels, key=levels.get) if len(levels) == len(DENSE) else ""
     out = []
-    for m in sorted({r["method"] for r in finals if r["method"].partition("@")[0] in METHODS},
+    for m in sorted({r["method"] for r in finals if r["method"].partition("@")[0] in ROWS},
                     key=method_order):
         for b in DENSE:
             r = by.get((b, m))
-            if r is None:
+            if r is None or (m in LEVERS and b != "gluon"):
                 continue
             t = r["seeds"] < 10
             low, high = (r["t_low"], r["t_high"]) if t else (r["ci_low"], r["ci_high"])
@@ -115,12 +123,18 @@ def markdown(rows: list[dict]) -> str:
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     keys = sorted({(r["task"], r["reading"], r["method"]) for r in rows},
                   key=lambda k: (k[0] != "a5a", k[0], list(READINGS).index(k[1]), method_order(k[2])))
+    undecided = {k[:2] for k in keys} - {(r["task"], r["reading"]) for r in rows
+                                         if r["best_dense"] in (True, "True")}
+    lever_B = {(r["task"], r["reading"]): r["baseline_B"] for r in rows
+               if r["baseline"] == "large_batch_gluon"
+               and str(r.get("baseline_B", "")) not in ("", "None")}
     for task, reading, m in keys:
         cells = []
         for b in DENSE:
             r = get.get((task, reading, m, b))
             if r is None:
-                cells.append("-")
+                cells.append("panel running" if (task, reading) in undecided
+                             and m not in LEVERS else "-")
                 continue
             marks = ["best dense"] if r["best_dense"] in (True, "True") else []
             if str(r.get("baseline_B", "")) not in ("", "None"):
@@ -128,7 +142,9 @@ def markdown(rows: list[dict]) -> str:
             best = f" ({', '.join(marks)})" if marks else ""
             cells.append((f"{_pct(r)} {r['verdict']}{best}" if _num(r["reduction"])
                           else f"{r['verdict']}{best}") + _raw(r))
-        lines.append(f"| {task} | {reading} | {label_text(m)} | " + " | ".join(cells) + " |")
+        name = label_text(m) + (f" (B = {int(float(lever_B[task, reading])):,})"
+                                if m == "large_batch_gluon" and (task, reading) in lever_B else "")
+        lines.append(f"| {task} | {reading} | {name} | " + " | ".join(cells) + " |")
     notes = sorted({(r["task"], r["reading"], r["interval"], int(r["seeds"])) for r in rows})
     text = "\n".join(lines) + "\n\n" + "Each cell: the reduction in uplink (or in gradient " \
         "evaluations) to reach that baseline's final level by the smoothed first hit (the rule's " \
@@ -157,34 +173,45 @@ def _against(r: dict, what: str) -> str:
 
 def answer(rows: list[dict]) -> str:
     """What the table says, per panel: a line per reading of short sentences, Alg. 1 against
-    each dense baseline, then EF21-Muon against Gluon at B = 1 (the README quotes it)."""
+    each dense baseline, what the lever alone buys (large-batch Gluon against Gluon at B = 1),
+    then EF21-Muon against Gluon at B = 1 (the README quotes it). A reading whose dense
+    baselines are not all read says which panel it waits for: its best dense is undecided."""
     get = {(r["task"], r["reading"], r["method"], r["baseline"]): r for r in rows}
     out = []
     for task in sorted({r["task"] for r in rows}, key=lambda t: (t != "a5a", t)):
         lines = []
         for reading, what in (("uplink", "uplink"), ("compute", "gradient evaluations")):
             here = [r for r in rows if r["task"] == task and r["reading"] == reading]
-            best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
-            if not here or best is None:
+            if not here or get.get((task, reading, "alg1", "gluon")) is None:
                 continue
-            B = next((r.get("baseline_B") for r in here if r["baseline"] == best
+            best = next((r["baseline"] for r in here if r["best_dense"] in (True, "True")), None)
+            B = next((r.get("baseline_B") for r in here if r["baseline"] == "large_batch_gluon"
                       and str(r.get("baseline_B", "")) not in ("", "None")), None)
-            said = {best: f"Against {SHORT[best]}"
-                          + (f" (tuned for this reading: B = {int(float(B)):,})" if B else "")
-                          + ", the best dense baseline,",
-                    "local_gluon": "Against Local Gluon, which sends only the syncs,",
+            tuned = f" (tuned for this reading: B = {int(float(B)):,})" if B else ""
+            said = {"large_batch_gluon": "Against large-batch Gluon" + tuned
+                                         + (", the best dense baseline," if best ==
+                                            "large_batch_gluon" else ","),
+                    "local_gluon": "Against Local Gluon, which sends only the syncs,"
+                                   + (" the best dense baseline," if best == "local_gluon"
+                                      else ""),
                     "gluon": "Against Gluon at B = 1 (the paper's baseline"
                              + (", and here the best dense baseline)," if best == "gluon" else "),")}
-            cells = [(b, get.get((task, reading, "alg1", b)))
-                     for b in dict.fromkeys(("gluon", best, "local_gluon"))]
-            if any(c is None for _, c in cells):
-                continue
+            cells = [(b, get[(task, reading, "alg1", b)]) for b in DENSE
+                     if (task, reading, "alg1", b) in get]
             words = [f"{said[b]} {'Alg. 1' if i == 0 else 'it'} {_against(c, what)}."
                      for i, (b, c) in enumerate(cells)]
+            lever = get.get((task, reading, "large_batch_gluon", "gluon"))
+            if lever is not None and _num(lever["reduction"]):
+                words.append(f"The lever alone: against Gluon at B = 1, large-batch Gluon "
+                             f"{_against(lever, what)}.")
             ef21 = get.get((task, reading, "ef21_muon", "gluon"))
             if ef21 is not None and _num(ef21["reduction"]):
                 words.append(f"Against Gluon at B = 1, EF21-Muon (TopK 1% with error feedback, "
                              f"B = 1), re-tuned, {_against(ef21, what)}.")
+            if best is None:
+                waiting = [SHORT[b] for b in DENSE if (task, reading, "alg1", b) not in get]
+                words.append(f"{' and '.join(waiting) or 'A dense baseline'}'s panel is still "
+                             "running, so the best dense baseline is undecided.")
             lines.append(f"- Equal {reading}. " + " ".join(words))
         out.append(f"**{task}**:\n\n" + "\n".join(lines) if lines else f"**{task}**: pending.")
     return "\n\n".join(out)

@@ -51,9 +51,12 @@ def aggregate(task: str) -> None:
             print(f"[fair] {root}: no finished runs yet; skipped")
             continue
         waiting = [b for b in DENSE if b not in groups]
-        if waiting:   # the best dense baseline is undecided until every one has its panel
-            print(f"[fair] {root}: waiting for {', '.join(waiting)}; skipped")
+        if len(waiting) == len(DENSE):
+            print(f"[fair] {root}: no dense baseline's panel is complete yet; skipped")
             continue
+        if waiting:   # each reduction stands against its own baseline; which is best waits
+            print(f"[fair] {root}: the best dense baseline is undecided until "
+                  f"{', '.join(waiting)} has its panel; read against the others")
         window = window_of(budget)
         write_csv(smoothed_curves(groups, panel.metric, budget, window, x=reading.x),
                   OUT / f"{task}_{name}_curves.csv")
@@ -131,6 +134,10 @@ def plot(out: Path = FIG) -> Path:
                            label=label_text(label) + batch_of(settings.get(name, {}), label),
                            band_alpha=0.18, raw_alpha=0.3)
             info = settings.get(name, {})
+            running = [label_text(b) for b in BASELINES if b not in info]
+            if running:     # a reading is drawn while its last baselines' panels still run
+                ax.text(0.98, 0.98, "panel still running:\n" + "\n".join(running),
+                        ha="right", va="top", fontsize=7, transform=ax.transAxes)
             window = next(iter(info.values()), {}).get("window", "?")
             log_axes(ax, int(rows[0]['seeds']), window, fontsize=7, below=True)
     fig.tight_layout()
