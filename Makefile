@@ -173,30 +173,44 @@ fair-runs: $(STAMP)  ## [study] the fair-baseline runs on a5a, at equal uplink a
 # The CNN half (configs/experiment/fair_cnn/): tuning grids coarse to fine (B = 4 first), then five
 # seeds a baseline; Gluon, Alg. 1 and 2 come from the CNN-gap panel (make cnn-gap). Each baseline's
 # panel runs as soon as its grid is chosen, so `make fair` reads the CNN baseline by baseline.
+# One stage a baseline: a stage whose strict selection stops on a grid edge waits for that grid's
+# extension, and `make -k fair-cnn-runs` goes on with the other stages meanwhile.
 # Tens of hours on 2 cores (docs/fair.md, Status); every run resumes from its checkpoint and
 # finished ones skip.
 FAIR_CAP_CNN = $$($(PY) -m scripts.figures.cnn_gap grads-cap)
 FAIR_SELECT_CNN = $(PY) -m scripts.analysis.select_tuned --sweep $$($(PY) -m experiments.run.sweep dir \
 	  cnn fair_cnn/tune_large_batch_gluon) --out configs/tuned/fair_cnn --metric loss \
 	  --table results/fair/tune_scores_cnn.csv --strict --stop method.B=64   # B stops at 64 as Alg. 1's did
-fair-cnn-runs: $(STAMP)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline (skips finished runs; tens of hours on 2 cores)
+FAIR_CNN_STAGES = fair-cnn-large-batch fair-cnn-local fair-cnn-ef21 fair-cnn-density fair-cnn-compute
+.PHONY: $(FAIR_CNN_STAGES)
+fair-cnn-runs: $(FAIR_CNN_STAGES)  ## [study] the fair-baseline runs on the CNN, at equal uplink and at equal compute: tuning grids, 5 seeds a baseline, one stage each (skips finished runs; -k goes on past a stage waiting for a grid extension; tens of hours on 2 cores)
+
+fair-cnn-large-batch: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_large_batch_gluon_edges   # lr 0.4 at B = 64
 	$(FAIR_SELECT_CNN) --only large_batch_gluon   # stops here while its choice sits on a grid edge: extend that grid first
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/large_batch_gluon
+
+fair-cnn-local: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
 	$(FAIR_SELECT_CNN) --only local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon_q tuned=fair_cnn/local_gluon   # q through that choice
 	$(FAIR_SELECT_CNN) --only local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/local_gluon
+
+fair-cnn-ef21: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_ef21_muon max_grads=$(FAIR_CAP_CNN)
 	$(FAIR_SELECT_CNN) --only ef21_muon
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=fair_cnn/ef21_muon max_grads=$(FAIR_CAP_CNN)
+
+fair-cnn-density: $(STAMP)   # Alg. 1 at RandK 0.1% and 10%, at the CNN-gap study's tuned settings
 	$(CNN_SWEEP) experiment=fair_cnn/uplink tuned=cnn_gap/alg1 compressor.density=0.001,0.1
+
+fair-cnn-compute: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_compute_large_batch_gluon   # equal compute: B = 1 among B
 	$(PY) -m scripts.analysis.select_tuned --x grads --sweep $$($(PY) -m experiments.run.sweep dir cnn \
 	  fair_cnn/tune_compute_large_batch_gluon) --out configs/tuned/fair_cnn_compute --metric loss \
-	  --table results/fair/tune_compute_scores_cnn.csv
+	  --table results/fair/tune_compute_scores_cnn.csv --strict --stop method.B=64
 	$(CNN_SWEEP) experiment=fair_cnn/compute     # the other methods are read off their uplink runs
 
 .PHONY: fig-cost shaped shaped-cnn

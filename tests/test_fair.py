@@ -307,6 +307,17 @@ def test_a_reading_reads_methods_off_runs_that_cover_its_budget(tmp_path, monkey
         fair_panels.reading_runs("cnn", "compute")
 
 
+def make_recipe(text: str, target: str) -> str:
+    """A make target's recipe, with its stages' (prerequisites named in a ``FAIR_*_STAGES``
+    variable) in order."""
+    head, body = text.split(f"\n{target}:")[1].split("\n", 1)
+    stages = re.match(r"\s*\$\((\w+_STAGES)\)", head)
+    if not stages:
+        return body.split("\n\n")[0]
+    names = re.search(rf"\n{stages.group(1)} = (.*)", text).group(1).split()
+    return "\n".join(make_recipe(text, name) for name in names)
+
+
 @pytest.mark.parametrize("target, folder", [("fair-runs", "fair_logreg"),
                                             ("fair-cnn-runs", "fair_cnn")])
 def test_make_runs_every_tuning_grid_before_its_strict_selection(target, folder):
@@ -315,7 +326,7 @@ def test_make_runs_every_tuning_grid_before_its_strict_selection(target, folder)
     recipe would leave the choice on that edge, and a non-strict selection would go on to the
     panel with it."""
     text = (REPO / "Makefile").read_text()
-    recipe = text.split(f"\n{target}:")[1].split("\n\n")[0]
+    recipe = make_recipe(text, target)
     grids = {p.stem for p in (REPO / "configs" / "experiment" / folder).glob("tune_*.yaml")}
     named = set(re.findall(r"\btune_\w+", recipe.replace("tune_$$m", "")))
     loops = re.findall(r"for [mg] in ([^;]+); do", recipe)
@@ -336,7 +347,7 @@ def test_local_gluons_q_line_runs_through_its_grids_choice(tmp_path, compose_cfg
 
     from omegaconf import OmegaConf
     from scripts.analysis.select_tuned import tuned_yaml
-    recipe = (REPO / "Makefile").read_text().split("\nfair-cnn-runs:")[1].split("\n\n")[0]
+    recipe = make_recipe((REPO / "Makefile").read_text(), "fair-cnn-runs")
     lines = recipe.splitlines()
     at = next(i for i, line in enumerate(lines) if "experiment=fair_cnn/tune_local_gluon_q" in line)
     assert "tuned=fair_cnn/local_gluon" in lines[at]
@@ -492,3 +503,19 @@ def test_the_cnn_status_quotes_the_committed_reading():
     assert f"where Alg. 1 needs {pct(rows[('alg1', 'gluon')])} less" in text
     assert rows[("alg1", "large_batch_gluon")]["seeds_reached"] == 0
     assert rows[("alg2", "large_batch_gluon")]["seeds_reached"] == 0
+
+
+def test_each_cnn_stage_tunes_one_baseline_and_every_selection_is_strict():
+    """A strict selection that stops on a grid edge stops its own stage only (`make -k
+    fair-cnn-runs` goes on with the others): each stage selects at most one baseline, and every
+    selection of the CNN half, the equal-compute one included, is strict."""
+    text = (REPO / "Makefile").read_text()
+    stages = re.search(r"\nFAIR_CNN_STAGES = (.*)", text).group(1).split()
+    assert re.search(r"\nfair-cnn-runs: \$\(FAIR_CNN_STAGES\)", text)
+    strict_var = "--strict" in re.search(r"\nFAIR_SELECT_CNN = ((?:.*\\\n)*.*)", text).group(1)
+    for stage in stages:
+        recipe = make_recipe(text, stage)
+        assert len(set(re.findall(r"--only (\w+)", recipe))) <= 1, stage
+        for call in recipe.replace("\\\n", " ").splitlines():
+            if "select_tuned" in call or "FAIR_SELECT_CNN" in call:
+                assert "--strict" in call or ("FAIR_SELECT_CNN" in call and strict_var), call
