@@ -217,6 +217,47 @@ def answer(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
+def _amount(r: dict) -> str:
+    """A reduction in uplink as an amount: "61% [58, 65] less", "5% [2, 9] more", or the
+    seeds that reach the level when not all do."""
+    if not _num(r["reduction"]):
+        return f"(reached in {int(float(r['seeds_reached']))} of {int(float(r['seeds']))} seeds)"
+    red, low, high = (100 * float(r[k]) for k in ("reduction", "low", "high"))
+    return f"{red:.0f}% [{low:.0f}, {high:.0f}] less" if red >= 0 else \
+        f"{-red:.0f}% [{-high:.0f}, {-low:.0f}] more"
+
+
+def headline(rows: list[dict]) -> str:
+    """The README's first results sentences: at equal uplink, on each panel that has them, Alg. 1
+    and the lever alone (large-batch Gluon) against Gluon at B = 1, side by side, then Alg. 1
+    against large-batch Gluon, and what the compressed messages add by the rule."""
+    get = {(r["task"], r["method"], r["baseline"]): r for r in rows if r["reading"] == "uplink"}
+    need = (("alg1", "gluon"), ("large_batch_gluon", "gluon"), ("alg1", "large_batch_gluon"))
+    tasks = [t for t in sorted({r["task"] for r in rows}, key=lambda t: (t != "a5a", t))
+             if all((t, *k) in get for k in need)]
+    if not tasks:
+        return "The fair-baseline panels are still running: no headline is claimed yet.\n"
+    on = {t: "on " + {"a5a": "a5a", "cnn": "the CNN"}.get(t, t) for t in tasks}
+    both = lambda m: " and ".join(f"{_amount(get[(t, m, 'gluon')])} {on[t]}" for t in tasks)
+    Bs = {t: str(get[(t, "alg1", "large_batch_gluon")].get("baseline_B", "")) for t in tasks}
+    batch = ", ".join(f"{int(float(B)):,} {on[t]}" for t, B in Bs.items() if B not in ("", "None"))
+    versus = {t: get[(t, "alg1", "large_batch_gluon")] for t in tasks}
+    never = [t for t, r in versus.items() if int(float(r["seeds_reached"])) == 0]
+    words = []
+    if never:
+        words.append("never reaches its final level ("
+                     + ", ".join(f"0 of {int(float(versus[t]['seeds']))} seeds {on[t]}"
+                                 for t in never) + ")")
+    words += [f"{_against(versus[t], 'uplink')} {on[t]}" for t in tasks if t not in never]
+    lose = all(not _num(r["reduction"]) or r["verdict"] == "costs" for r in versus.values())
+    return (f"At equal uplink, Alg. 1 reaches the final level of the paper's baseline (Gluon at "
+            f"B = 1) with less uplink: {both('alg1')}. Gluon given the same large batch and no compression"
+            + (f" (B = {batch})" if batch else "") + f" gets there with {both('large_batch_gluon')}, and Alg. 1 "
+            + "; it ".join(words) + "."
+            + (" The large batch, not the compressed messages, makes the gain." if lose else "")
+            + "\n")
+
+
 def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
     """Replace one panel's rows of ``out``/decomposition.csv (the other panels' are kept) and
     rewrite decomposition.md from the whole CSV."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.shared.decomposition import answer, decomposition, quote_in_pages
+from experiments.shared.decomposition import answer, decomposition, headline, quote_in_pages
 from experiments.shared.decomposition import write_decomposition as _write_decomposition
 from experiments.shared.statistics import reduction_rows, smoothed_curves, window_of
 from experiments.shared.tables import read_csv, write_csv
@@ -157,12 +157,14 @@ DOCS = (Path("README.md"), Path("docs/fair.md"))   # both quote the whole block 
 
 
 def quoted() -> dict[str, str]:
-    """What each block holds: ``fair`` the whole decomposition.md, ``fair-answer`` its sentences."""
-    return {"fair": readme(), "fair-answer": answer(read_csv(OUT / "decomposition.csv")) + "\n"}
+    """What each block holds: ``fair`` the whole decomposition.md, ``fair-answer`` its sentences,
+    ``fair-headline`` the README's first results sentence."""
+    rows = read_csv(OUT / "decomposition.csv")
+    return {"fair": readme(), "fair-answer": answer(rows) + "\n", "fair-headline": headline(rows)}
 
 
 def quote_in_docs(pages=DOCS) -> None:
-    """Write the blocks each page has (``fair``, ``fair-answer`` or both)."""
+    """Write the blocks each page has (``fair``, ``fair-answer``, ``fair-headline``)."""
     quote_in_pages(pages, quoted())
 
 
