@@ -536,7 +536,8 @@ def test_the_headline_sets_the_lever_beside_alg1(tmp_path):
         r["baseline_B"] = 16 if r["baseline"] == "large_batch_gluon" else ""
     text = dec.headline(list(d.values()))
     lever = d[("large_batch_gluon", "gluon")]
-    assert f"with less uplink: {100 * (1 - 50 / 80):.0f}% [" in text
+    assert f"(Gluon at B = 1) with {100 * (1 - 50 / 80):.0f}% [" in text
+    assert "] less uplink on a5a" in text
     assert f"(B = 16 on a5a) gets there with {100 * lever['reduction']:.0f}% [" in text
     assert "never reaches its final level (0 of 3 seeds on a5a)" in text
     assert text.endswith("The large batch, not the compressed messages, makes the gain.\n")

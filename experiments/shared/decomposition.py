@@ -54,10 +54,10 @@ def decomposition(rows: list[dict], task: str, reading: str,
     level (smoothed first hit), with the interval Figure 2's README uses (the percentile
     bootstrap from 10 seeds on, the paired t-interval below) and its verdict. Large-batch Gluon
     and Local Gluon get a row each against Gluon at B = 1: what the lever alone buys, judged by
-    the same rule. ``best_dense`` marks the dense baseline with the
-    lowest final level, once every dense baseline is read (before that it is undecided, and no
-    row is marked); ``baseline_B`` is large-batch Gluon's B in this reading (``batch``:
-    {label: B}), tuned for it (B = 1 is Gluon itself)."""
+    the same rule. ``best_dense`` marks the dense baseline with the lowest final level once
+    every dense baseline is read (before that it is undecided, and no row is marked);
+    ``baseline_B`` is large-batch Gluon's B in this reading (``batch``: {label: B}), tuned for
+    it (B = 1 is Gluon itself)."""
     finals = [r for r in rows if r["level"] == "baseline_final"
               and r["metric"] == "smoothed_first_hit"]
     by = {(r["baseline"], r["method"]): r for r in finals}
@@ -217,14 +217,15 @@ def answer(rows: list[dict]) -> str:
     return "\n\n".join(out)
 
 
-def _amount(r: dict) -> str:
-    """A reduction in uplink as an amount: "61% [58, 65] less", "5% [2, 9] more", or the
-    seeds that reach the level when not all do."""
+def _amount(r: dict, unit: str = "") -> str:
+    """A reduction as an amount: "61% [58, 65] less", "5% [2, 9] more" (``unit`` after the
+    word), or the seeds that reach the level when not all do."""
     if not _num(r["reduction"]):
         return f"(reached in {int(float(r['seeds_reached']))} of {int(float(r['seeds']))} seeds)"
     red, low, high = (100 * float(r[k]) for k in ("reduction", "low", "high"))
-    return f"{red:.0f}% [{low:.0f}, {high:.0f}] less" if red >= 0 else \
+    said = f"{red:.0f}% [{low:.0f}, {high:.0f}] less" if red >= 0 else \
         f"{-red:.0f}% [{-high:.0f}, {-low:.0f}] more"
+    return f"{said} {unit}" if unit else said
 
 
 def headline(rows: list[dict]) -> str:
@@ -238,24 +239,25 @@ def headline(rows: list[dict]) -> str:
     if not tasks:
         return "The fair-baseline panels are still running: no headline is claimed yet.\n"
     on = {t: "on " + {"a5a": "a5a", "cnn": "the CNN"}.get(t, t) for t in tasks}
-    both = lambda m: " and ".join(f"{_amount(get[(t, m, 'gluon')])} {on[t]}" for t in tasks)
-    Bs = {t: str(get[(t, "alg1", "large_batch_gluon")].get("baseline_B", "")) for t in tasks}
-    batch = ", ".join(f"{int(float(B)):,} {on[t]}" for t, B in Bs.items() if B not in ("", "None"))
+
+    def both(m: str) -> str:
+        return " and ".join(f"{_amount(get[(t, m, 'gluon')], 'uplink' if i == 0 else '')} {on[t]}"
+                            for i, t in enumerate(tasks))
     versus = {t: get[(t, "alg1", "large_batch_gluon")] for t in tasks}
+    Bs = {t: str(r.get("baseline_B", "")) for t, r in versus.items()}
+    batch = ", ".join(f"{int(float(B)):,} {on[t]}" for t, B in Bs.items() if B not in ("", "None"))
     never = [t for t, r in versus.items() if int(float(r["seeds_reached"])) == 0]
-    words = []
-    if never:
-        words.append("never reaches its final level ("
-                     + ", ".join(f"0 of {int(float(versus[t]['seeds']))} seeds {on[t]}"
-                                 for t in never) + ")")
+    words = ["never reaches its final level (" + ", ".join(
+        f"0 of {int(float(versus[t]['seeds']))} seeds {on[t]}" for t in never) + ")"] \
+        if never else []
     words += [f"{_against(versus[t], 'uplink')} {on[t]}" for t in tasks if t not in never]
     lose = all(not _num(r["reduction"]) or r["verdict"] == "costs" for r in versus.values())
     return (f"At equal uplink, Alg. 1 reaches the final level of the paper's baseline (Gluon at "
-            f"B = 1) with less uplink: {both('alg1')}. Gluon given the same large batch and no compression"
-            + (f" (B = {batch})" if batch else "") + f" gets there with {both('large_batch_gluon')}, and Alg. 1 "
-            + "; it ".join(words) + "."
-            + (" The large batch, not the compressed messages, makes the gain." if lose else "")
-            + "\n")
+            f"B = 1) with {both('alg1')}. Gluon given the same large batch and no compression"
+            + (f" (B = {batch})" if batch else "")
+            + f" gets there with {both('large_batch_gluon')}, and Alg. 1 " + "; it ".join(words)
+            + "." + (" The large batch, not the compressed messages, makes the gain."
+                     if lose else "") + "\n")
 
 
 def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
