@@ -396,9 +396,10 @@ def test_the_a5a_tuning_table_names_the_committed_choices():
 
 
 def test_the_readme_prices_the_lever_from_the_committed_panel():
-    """The README's paragraph on what the large batch costs quotes the a5a panel's settings
-    (results/fair/logreg_settings.json, written by `make fair`): gradients per unit of uplink at
-    equal uplink, and what each method sends at equal compute."""
+    """The README's paragraph on what the large batch costs quotes the panels' settings
+    (results/fair/{logreg,cnn}_settings.json, written by `make fair`): on a5a, gradients per unit
+    of uplink at equal uplink and what each method sends at equal compute; on the CNN, the
+    gradients large-batch Gluon and Alg. 1 spend over the uplink budget."""
     s = json.loads((REPO / "results" / "fair" / "logreg_settings.json").read_text())
     text = (REPO / "README.md").read_text()
     para = " ".join(text.split("The price of that lever is compute:")[1].split("\n\n")[0].split())
@@ -408,6 +409,11 @@ def test_the_readme_prices_the_lever_from_the_committed_panel():
     dense = compute["large_batch_gluon"]
     assert f"sends {dense['end_comm']:,.0f} dense gradients where Alg. 1 sends " \
            f"{compute['alg1']['end_comm']:,.0f}" in para
+    cnn = json.loads((REPO / "results" / "fair" / "cnn_settings.json").read_text())["uplink"]
+    lb = cnn["large_batch_gluon"]
+    assert f"large-batch Gluon (B = {lb['method']['B']}) evaluates {lb['end_grads']:,.0f} " \
+           f"minibatch gradients per worker, Alg. 1 {cnn['alg1']['end_grads']:,.0f}" in para
+    assert lb["end_grads"] < cnn["alg1"]["end_grads"]      # "not even dearer"
 
 
 def test_a_baseline_whose_panel_is_still_running_is_left_out_and_said(tmp_path, monkeypatch, capsys):
@@ -502,6 +508,9 @@ def test_the_cnn_status_quotes_the_committed_reading():
     assert f"large-batch Gluon at B = 64 reaches Gluon's final level with " \
            f"{pct(rows[('large_batch_gluon', 'gluon')])} less uplink" in text
     assert f"where Alg. 1 needs {pct(rows[('alg1', 'gluon')])} less" in text
+    cnn = json.loads((REPO / "results" / "fair" / "cnn_settings.json").read_text())["uplink"]
+    assert f"large-batch Gluon evaluates {cnn['large_batch_gluon']['end_grads']:,.0f} minibatch " \
+           f"gradients per worker, Alg. 1 {cnn['alg1']['end_grads']:,.0f}" in text
     assert rows[("alg1", "large_batch_gluon")]["seeds_reached"] == 0
     assert rows[("alg2", "large_batch_gluon")]["seeds_reached"] == 0
 
