@@ -548,8 +548,9 @@ def test_the_headline_sets_the_lever_beside_alg1(tmp_path):
     assert f"(Gluon at B = 1) with {100 * (1 - 50 / 80):.0f}% [" in text
     assert "] less uplink on a5a" in text
     assert f"(B = 16 on a5a) gets there with {100 * lever['reduction']:.0f}% [" in text
-    assert "never reaches its final level (0 of 3 seeds on a5a)" in text
-    assert text.endswith("The large batch, not the compressed messages, makes the gain.\n")
+    assert "never reaches the large batch's final level (0 of 3 seeds on a5a)" in text
+    assert text.endswith("The large batch, not the compressed messages, makes the gain. "
+                         "Intervals: 95% over seeds (3 on a5a).\n")
     rows = list(table(make_panel(tmp_path / "panel", "comm")).values())
     for r in rows:
         r["baseline_B"] = 16 if r["baseline"] == "large_batch_gluon" else ""

@@ -247,7 +247,7 @@ def headline(rows: list[dict]) -> str:
     Bs = {t: str(r.get("baseline_B", "")) for t, r in versus.items()}
     batch = ", ".join(f"{int(float(B)):,} {on[t]}" for t, B in Bs.items() if B not in ("", "None"))
     never = [t for t, r in versus.items() if int(float(r["seeds_reached"])) == 0]
-    words = ["never reaches its final level (" + ", ".join(
+    words = ["never reaches the large batch's final level (" + ", ".join(
         f"0 of {int(float(versus[t]['seeds']))} seeds {on[t]}" for t in never) + ")"] \
         if never else []
     words += [f"{_against(versus[t], 'uplink')} {on[t]}" for t in tasks if t not in never]
@@ -257,7 +257,9 @@ def headline(rows: list[dict]) -> str:
             + (f" (B = {batch})" if batch else "")
             + f" gets there with {both('large_batch_gluon')}, and Alg. 1 " + "; it ".join(words)
             + "." + (" The large batch, not the compressed messages, makes the gain."
-                     if lose else "") + "\n")
+                     if lose else "")
+            + " Intervals: 95% over seeds (" + ", ".join(
+                f"{int(float(versus[t]['seeds']))} {on[t]}" for t in tasks) + ").\n")
 
 
 def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
