@@ -43,7 +43,7 @@ def method_order(label: str) -> tuple:
 
 DECOMPOSITION_FIELDS = ["task", "reading", "method", "baseline", "best_dense", "level", "method_x",
                         "baseline_x", "reduction", "low", "high", "interval", "seeds",
-                        "seeds_reached", "baseline_censored", "verdict", "baseline_B",
+                        "seeds_reached", "baseline_censored", "verdict", "baseline_B", "method_B",
                         "raw_reduction", "raw_low", "raw_high", "raw_seeds_reached"]
 
 
@@ -56,8 +56,8 @@ def decomposition(rows: list[dict], task: str, reading: str,
     and Local Gluon get a row each against Gluon at B = 1: what the lever alone buys, judged by
     the same rule. ``best_dense`` marks the dense baseline with the lowest final level once
     every dense baseline is read (before that it is undecided, and no row is marked);
-    ``baseline_B`` is large-batch Gluon's B in this reading (``batch``: {label: B}), tuned for
-    it (B = 1 is Gluon itself)."""
+    ``baseline_B`` (``method_B``) is large-batch Gluon's B in this reading as the baseline (as
+    the lever's row; ``batch``: {label: B}), tuned for it (B = 1 is Gluon itself)."""
     finals = [r for r in rows if r["level"] == "baseline_final"
               and r["metric"] == "smoothed_first_hit"]
     by = {(r["baseline"], r["method"]): r for r in finals}
@@ -87,6 +87,7 @@ def decomposition(rows: list[dict], task: str, reading: str,
                         "verdict": verdict(r["reduction"], low, high, r["seeds_reached"],
                                            r["seeds"]),
                         "baseline_B": (batch or {}).get(b) if b == "large_batch_gluon" else "",
+                        "method_B": (batch or {}).get(m) if m == "large_batch_gluon" else "",
                         "raw_reduction": w.get("reduction", math.nan), "raw_low": w_low,
                         "raw_high": w_high, "raw_seeds_reached": w.get("seeds_reached")})
     return out
@@ -125,9 +126,8 @@ def markdown(rows: list[dict]) -> str:
                   key=lambda k: (k[0] != "a5a", k[0], list(READINGS).index(k[1]), method_order(k[2])))
     undecided = {k[:2] for k in keys} - {(r["task"], r["reading"]) for r in rows
                                          if r["best_dense"] in (True, "True")}
-    lever_B = {(r["task"], r["reading"]): r["baseline_B"] for r in rows
-               if r["baseline"] == "large_batch_gluon"
-               and str(r.get("baseline_B", "")) not in ("", "None")}
+    lever_B = {(r["task"], r["reading"]): r["method_B"] for r in rows
+               if str(r.get("method_B", "")) not in ("", "None")}
     for task, reading, m in keys:
         cells = []
         for b in DENSE:
@@ -275,7 +275,7 @@ def write_decomposition(rows: list[dict], task_name: str, out: Path) -> None:
     w = csv.DictWriter(buf, fieldnames=DECOMPOSITION_FIELDS, extrasaction="ignore")
     w.writeheader()
     for r in all_rows:
-        w.writerow({k: csv_cell(r[k]) for k in DECOMPOSITION_FIELDS})
+        w.writerow({k: csv_cell(r.get(k, "")) for k in DECOMPOSITION_FIELDS})   # a column added later: empty
     atomic_write_text(path, buf.getvalue())
     atomic_write_text(out / "decomposition.md", markdown(read_csv(path)))
 

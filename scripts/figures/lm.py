@@ -60,9 +60,8 @@ def tuning(split: str) -> str:
 
 def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     """One split's curves, settings, final values and reduction rows; False when it has no
-    finished runs yet. The reduction rows and the decomposition wait until every dense baseline
-    has its panel: before that, which baseline is best, and so what a reduction is against, is
-    undecided."""
+    finished runs yet. The reduction rows and the decomposition are read against the dense
+    baselines whose panels are complete; until every one is, none is called the best."""
     root = Path(sweep) if sweep else sweep_dir("lm", panel(split))
     runs = load_runs(root) if root.exists() else []
     if not runs:
@@ -74,10 +73,13 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     write_csv(smoothed_curves(by_method, METRIC, budget, window), out / f"{split}_curves.csv")
     waiting = [b for b in DENSE if b not in by_method]
-    if waiting:   # the best dense baseline, and so every reduction's baseline, is undecided
-        print(f"[lm] {split} panel: waiting for {', '.join(waiting)}; no reduction is claimed")
+    if len(waiting) == len(DENSE):   # nothing to read a reduction against
+        print(f"[lm] {split} panel: no dense baseline's panel is complete; no reduction is claimed")
         rows = []
-    else:
+    else:   # each reduction stands against its own baseline; which is best waits for them all
+        if waiting:
+            print(f"[lm] {split} panel: the best dense baseline is undecided until "
+                  f"{', '.join(waiting)} has its panel; read against the others")
         rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
                               baselines=[b for b in BASELINES if b in by_method],
                               task=f"lm_{split}")
