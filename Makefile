@@ -193,6 +193,7 @@ fair-cnn-large-batch: $(STAMP)
 
 fair-cnn-local: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon
+	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon_edges   # beta 0.95 at lr 0.0125 and 0.025
 	$(FAIR_SELECT_CNN) --only local_gluon
 	$(CNN_SWEEP) experiment=fair_cnn/tune_local_gluon_q tuned=fair_cnn/local_gluon   # q through that choice
 	$(FAIR_SELECT_CNN) --only local_gluon
