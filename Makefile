@@ -74,7 +74,7 @@ bench: $(STAMP)  ## [develop] throughput benchmark of every method on a5a (steps
 	$(PY) -m scripts.bench.bench_logreg
 	$(PY) -m scripts.bench.bench_fstar --out results/bench/fstar.md
 
-bench-cnn: $(STAMP)  ## [develop] CNN step time on CPU: where it goes (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
+bench-cnn: $(STAMP)  ## [develop] CNN step time on CPU: where it goes, for every method make fig-cost re-costs (results/bench/cnn.md); reference vs fast path at both widths, B = 4 and 64, and two runs at once at three widths (cnn_paths*.md)
 	$(PY) -m scripts.bench.bench_cnn --out results/bench/cnn.md
 	$(PY) -m scripts.bench.bench_cnn --paths --methods gluon alg1 --out results/bench/cnn_paths.md
 	$(PY) -m scripts.bench.bench_cnn --paths --methods alg1 --B 64 --path-steps 100 --out results/bench/cnn_paths_b64.md

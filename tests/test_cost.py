@@ -20,7 +20,7 @@ def cols(**kw):
     return {k: np.array([float(v)]) for k, v in base.items()}
 
 
-COMPUTE = cost_model.Compute(grad_s=1e-3, step_s={"alg1": 5e-4})
+COMPUTE = cost_model.Compute(grad_s=1e-3, step_s={"gluon": 0.0, "alg1": 5e-4})
 
 
 def test_star_time_is_compute_latency_and_both_links():
@@ -147,6 +147,40 @@ def test_compute_comes_from_the_committed_benchmarks():
     assert all(v > 0 for v in cnn.step_s.values())
 
 
+def test_a_method_without_a_benchmark_is_an_error_not_a_free_step():
+    """A panel's method missing from the bench tables would be priced at its gradients only:
+    the cost model refuses it and names the benchmark. An empty step_s (the GPU assumption of
+    docs/cost.md) prices every step at 0 on purpose."""
+    with pytest.raises(KeyError, match="no step time for alg2"):
+        COMPUTE.of("alg2", [1.0], [1.0])
+    assert cost_model.Compute(grad_s=1e-3).of("gluon", [2.0], [5.0])[0] == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize("task", ["a5a", "cnn"])
+def test_every_method_of_a_costed_panel_has_a_committed_benchmark(task):
+    """Figure 2's panel and the fair panel of each task: `make bench` (a5a) and `make bench-cnn`
+    time every method that `make fig-cost` re-costs."""
+    from experiments.shared.fair_panels import BASELINES, METHODS
+    compute = cost_model.bench_compute(task, REPO / "results" / "bench")
+    assert set(compute.step_s) >= {"gluon", "alg1", "alg2", *BASELINES, *METHODS}
+    assert all(v > 0 for v in compute.step_s.values())
+
+
+def test_a_fair_panel_leaves_out_a_running_baseline_and_names_it(tmp_path):
+    """As `make fair` reads it: a baseline with fewer seeds than the panel is not re-costed
+    until its last seed lands, and the note names every baseline not re-costed."""
+    steps = list(range(0, 101, 10))
+    for seed in range(3):
+        fake_run(tmp_path, "gluon", seed, rows_of(steps, [1.0] * 10 + [0.09], GLUON, 0.1))
+        fake_run(tmp_path, "alg1", seed, rows_of(steps, [1.0] * 5 + [0.05] * 6, ALG1, 0.1))
+    fake_run(tmp_path, "large_batch_gluon", 0, rows_of(steps, [0.05] * 11, GLUON, 0.1))
+    p = cost.load_panel("fair_cnn", str(tmp_path))
+    assert set(p.runs) == {"gluon", "alg1"} and p.budget == 10.0
+    assert p.note.startswith("cnn-fair: panel still running, not re-costed yet: "
+                             "large_batch_gluon, local_gluon, ef21_muon")
+    assert "no cnn-fair panel runs" in cost.load_panel("fair_cnn", str(tmp_path / "none")).note
+
+
 # ---------------------------------------------------------------- a tiny real CNN sweep
 
 CNN = ["profile=cpu", "batch_size=4", "n_workers=2", "max_comm=3",
@@ -252,6 +286,26 @@ def test_docs_cost_shows_the_crossover_and_shaped_tables(task):
     assert len(rows) == 4 and {r["method"] for r in rows} == {"gluon", "alg1"}
     for r in rows:
         assert 0.75 <= float(r["model_s_to_target"]) / float(r["measured_s_to_target"]) <= 1.25
+
+
+def test_docs_cost_shows_the_cnn_fair_crossovers():
+    """docs/cost.md's table for the CNN's fair panel is the one printed from crossover.csv, and
+    large-batch Gluon, the fair panel's first baseline, is in it."""
+    page = (REPO / "docs" / "cost.md").read_text()
+    table = cost.readme_table("cnn-fair", REPO / "results" / "cost" / "crossover.csv")
+    assert "| large-batch Gluon |" in table and table in page
+
+
+def test_docs_performance_shows_the_cnn_bench_summary():
+    """docs/performance.md's CNN table is results/bench/cnn.md's summary, every method that
+    `make fig-cost` re-costs included."""
+    from scripts.bench.bench_cnn import COSTED
+    bench = (REPO / "results" / "bench" / "cnn.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(bench) if line.startswith("| method | steps"))
+    end = next(i for i in range(start, len(bench)) if not bench[i].startswith("|"))
+    summary = bench[start:end]
+    assert [row.split("|")[1].strip() for row in summary[2:]] == COSTED
+    assert "\n".join(summary) in (REPO / "docs" / "performance.md").read_text()
 
 
 # ---------------------------------------------------------------- the LM task

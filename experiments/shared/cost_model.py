@@ -38,10 +38,10 @@ BENCH = Path("results/bench")                   # make bench, make bench-cnn: co
 NETWORK = Path("results/cost/network.json")     # make shaped: framing and latency measured
 COST_COLUMNS = ("grads", "up_bytes", "down_bytes", "star_down_bytes", "rounds", "hops")
 TOPOLOGIES = ("star", "ring")
-# a panel's name in the results tables (a5a: its dataset; a5a-fair: the fair-baseline panel at
-# equal uplink, docs/fair.md, whose large-batch Gluon and Local Gluon are re-costed too)
-PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn", "fair_logreg": "a5a-fair", "lm_iid": "lm-iid",
-               "lm_plays": "lm-plays"}
+# a panel's name in the results tables (a5a: its dataset; a5a-fair, cnn-fair: the fair-baseline
+# panels at equal uplink, docs/fair.md, whose large-batch Gluon and Local Gluon are re-costed too)
+PANEL_NAMES = {"logreg": "a5a", "cnn": "cnn", "fair_logreg": "a5a-fair", "fair_cnn": "cnn-fair",
+               "lm_iid": "lm-iid", "lm_plays": "lm-plays"}
 
 
 # ---------------------------------------------------------------- the model
@@ -80,6 +80,11 @@ class Compute:
     source: str = ""
 
     def of(self, method: str, grads, steps):
+        """Compute time after ``grads`` gradients and ``steps`` steps; a method missing from a
+        non-empty ``step_s`` is an error (its benchmark was not run), never a free step."""
+        if self.step_s and method not in self.step_s:
+            raise KeyError(f"no step time for {method} in {self.source or 'step_s'}: "
+                           "rerun its benchmark with it")
         return np.asarray(grads, float) * self.grad_s + \
             np.asarray(steps, float) * self.step_s.get(method, 0.0)
 

@@ -1,6 +1,6 @@
 """Where a step of the CNN experiment goes on CPU: each method against the gradients it must compute.
 
-    python -m scripts.bench.bench_cnn [--steps 200] [--methods gluon alg1 alg2 ef21_muon] [--threads 1]
+    python -m scripts.bench.bench_cnn [--steps 200] [--methods gluon alg1 ...] [--threads 1]
                                 [--widths 16 64 64] [--out results/bench/cnn.md]
     python -m scripts.bench.bench_cnn --paths ...                  # reference vs CPU fast path
     python -m scripts.bench.bench_cnn --chunks 1024 256 --B 64 ... # large-batch gradient by max_chunk
@@ -8,9 +8,10 @@
 Builds the CIFAR-10 task as ``experiments.cnn`` does at the CPU profile by default (airbench94
 with widths 16/64/64, n = 4 workers, batch 16, one thread, LMOs assigned by the Scion rule;
 ``--widths 64 256 256`` for the paper network) on random uint8 images (the timing does not
-depend on the pixels; ``--real`` uses the dataset), runs each method of the Fig. 2 CNN panel
-(gluon, alg1 RandK 1 %, alg2 TopK 1 %, ef21_muon TopK 1 %; q = 0.1, B = 4, lr 0.05, beta 0.9)
-for ``--steps`` steps after ``--warmup`` steps, and times, inside every step: the gradient
+depend on the pixels; ``--real`` uses the dataset), runs each method that ``make fig-cost``
+re-costs (the Fig. 2 CNN panel's gluon, alg1 RandK 1 %, alg2 TopK 1 %, ef21_muon TopK 1 %, and
+the fair panel's large-batch Gluon and Local Gluon, docs/fair.md; q = 0.1, B = 4, lr 0.05,
+beta 0.9) for ``--steps`` steps after ``--warmup`` steps, and times, inside every step: the gradient
 evaluations (forward + backward, what any implementation must do), minibatch sampling and
 augmentation, compression + encoding, the averaging, the LMO update, and the rest (momentum,
 bookkeeping). The overhead is everything but the gradients and the sampling: the summary gives
@@ -39,10 +40,13 @@ from experiments.tasks import ResolvedConfig
 
 
 CPU_WIDTHS = cnn_widths("cpu")
-PANEL = ["gluon", "alg1", "alg2", "ef21_muon"]
+NO_SYNCS = ("gluon", "large_batch_gluon", "ef21_muon")      # every step alike: no u = 1 count
+COSTED = ["gluon", "large_batch_gluon", "alg1", "alg2", "local_gluon", "ef21_muon"]  # make fig-cost's
 # compressor and the hyperparameters each method takes besides lr and beta
 SETTINGS = {
     "gluon": ({"name": "identity"}, {}),
+    "large_batch_gluon": ({"name": "identity"}, {"B": True}),
+    "local_gluon": ({"name": "zero"}, {"q": True, "B": True}),
     "alg1": ({"name": "randk", "density": 0.01}, {"q": True, "B": True}),
     "alg2": ({"name": "topk", "density": 0.01}, {"q": True, "B": True}),
     "ef21_muon": ({"name": "topk", "density": 0.01}, {}),
@@ -112,18 +116,21 @@ ORDER = ["gradients (fwd+bwd)", "sampling + augmentation", "compression + encodi
 
 
 def table(r: dict) -> str:
-    g_w = r["parts_wall"]["gradients (fwd+bwd)"]
-    g_c = r["parts_cpu"]["gradients (fwd+bwd)"]
+    """A method's parts per step; the shares of the gradients are "-" where it evaluated none
+    (Local Gluon between syncs)."""
+    g_w = r["parts_wall"].get("gradients (fwd+bwd)", 0.0)
+    g_c = r["parts_cpu"].get("gradients (fwd+bwd)", 0.0)
+    pct = lambda x, g: f"{100 * x / g:.1f}%" if g > 0 else "-"
     lines = ["| part | wall ms/step | CPU ms/step | CPU % of gradients |", "|---|---:|---:|---:|"]
     for k in ORDER:
         label = "rest (momentum, bookkeeping)" if k == "step" else k
         w, c = r["parts_wall"].get(k, 0.0), r["parts_cpu"].get(k, 0.0)
-        lines.append(f"| {label} | {1e3 * w:.1f} | {1e3 * c:.1f} | {100 * c / g_c:.1f}% |")
+        lines.append(f"| {label} | {1e3 * w:.1f} | {1e3 * c:.1f} | {pct(c, g_c)} |")
     lines.append(f"| **whole step** | **{1e3 * r['wall']:.1f}** | **{1e3 * r['cpu']:.1f}** | |")
     over_w = r["wall"] - g_w - r["parts_wall"].get("sampling + augmentation", 0.0)
     over_c = r["cpu"] - g_c - r["parts_cpu"].get("sampling + augmentation", 0.0)
     lines.append(f"| **overhead** (step - gradients - sampling) | {1e3 * over_w:.1f} | "
-                 f"{1e3 * over_c:.1f} | **{100 * over_c / g_c:.1f}%** (wall {100 * over_w / g_w:.1f}%) |")
+                 f"{1e3 * over_c:.1f} | **{pct(over_c, g_c)}** (wall {pct(over_w, g_w)}) |")
     return "\n".join(lines)
 
 
@@ -147,7 +154,7 @@ def summary(results: list[dict]) -> str:
              "|---|---:|---:|---:|" + "---:|" * (len(cols) + 1)]
     for r in results:
         sh = shares(r)
-        u = "" if r["method"] in ("gluon", "ef21_muon") else f" ({r['syncs']})"
+        u = "" if r["method"] in NO_SYNCS else f" ({r['syncs']})"
         lines.append(f"| {r['method']} | {r['steps']}{u} | {1e3 * r['wall']:.1f} | "
                      f"{1e3 * r['cpu']:.1f} | " + " | ".join(f"{100 * sh[c]:.0f}%" for c in cols)
                      + f" | **{100 * sh['overhead']:.1f}%** |")
@@ -247,7 +254,7 @@ def compare_chunks(args) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", nargs="+", default=PANEL, choices=list(SETTINGS))
+    p.add_argument("--methods", nargs="+", default=COSTED, choices=list(SETTINGS))
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
@@ -293,7 +300,7 @@ def main(argv=None):
     for name in args.methods:
         r = bench(name, args)
         results.append(r)
-        u = "" if name in ("gluon", "ef21_muon") else f" ({r['syncs']} with u = 1)"
+        u = "" if name in NO_SYNCS else f" ({r['syncs']} with u = 1)"
         details.append(f"### {name}: {r['steps']} steps{u}\n\n{table(r)}\n")
         print(details[-1], flush=True)
     n_params = results[0]["n_params"] if results else None

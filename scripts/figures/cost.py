@@ -44,9 +44,10 @@ class Panel:
 
 def load_panel(task: str, sweep: str | None = None) -> Panel:
     """The runs of a Fig. 2 panel, grouped by method (empty with a note when there are none or
-    they lack the cost columns); ``fair_logreg``: the fair-baseline panel at equal uplink."""
-    if task == "fair_logreg":
-        return _fair_panel(sweep)
+    they lack the cost columns); ``fair_logreg``, ``fair_cnn``: the fair-baseline panels at equal
+    uplink."""
+    if task.startswith("fair_"):
+        return _fair_panel(task[len("fair_"):], sweep)
     if task.startswith("lm_"):
         return _lm_panel(task, sweep)
     from experiments.shared.configs import sweep_dir
@@ -71,19 +72,27 @@ def load_panel(task: str, sweep: str | None = None) -> Panel:
                  dict(sorted(by.items(), key=lambda kv: order(kv[0]))))
 
 
-def _fair_panel(sweep: str | None = None) -> Panel:
-    """The fair-baseline panel at equal uplink (scripts/figures/fair.py), Alg. 1 at Figure 2's density
-    only (its density variants are the study's, not methods to re-cost)."""
+def _fair_panel(task: str, sweep: str | None = None) -> Panel:
+    """A fair-baseline panel at equal uplink (scripts/figures/fair.py), Alg. 1 at Figure 2's
+    density only (its density variants are the study's, not methods to re-cost). As ``make fair``
+    does, a baseline whose panel is still running is left out, and the note names it."""
     from experiments.shared.statistics import window_of
-    from experiments.shared.fair_panels import READINGS, budget_of, panel_runs, sweep_of
-    root = Path(sweep) if sweep else sweep_of("logreg", "uplink")
-    groups = {k: v for k, v in panel_runs("logreg", "uplink", root).items() if "@" not in k} \
-        if root.exists() else {}
+    from experiments.shared.fair_panels import (BASELINES, PANELS, READINGS, budget_of, complete,
+                                                panel_runs, sweep_of)
+    name = f"fair_{task}"
+    root = Path(sweep) if sweep else sweep_of(task, "uplink")
+    groups = {k: v for k, v in panel_runs(task, "uplink", Path(sweep) if sweep else None).items()
+              if "@" not in k} if root.exists() else {}     # with the runs it shares (SHARED)
     if not groups:
-        return Panel("fair_logreg", "gap", math.nan, math.nan, {},
-                     f"no a5a-fair panel runs under {root} (make fair-runs)")
+        return Panel(name, PANELS[task].metric, math.nan, math.nan, {},
+                     f"no {PANEL_NAMES[name]} panel runs under {root} "
+                     f"(make {PANELS[task].runs})")
     budget = budget_of(groups, READINGS["uplink"], root)
-    return Panel("fair_logreg", "gap", window_of(budget), budget, groups)
+    groups = complete(groups, f"[cost] {PANEL_NAMES[name]}")
+    running = [b for b in BASELINES if b not in groups]
+    note = (f"{PANEL_NAMES[name]}: panel still running, not re-costed yet: {', '.join(running)} "
+            f"(make {PANELS[task].runs})") if running else ""
+    return Panel(name, PANELS[task].metric, window_of(budget), budget, groups, note)
 
 
 def _lm_panel(task: str, sweep: str | None = None) -> Panel:
@@ -298,12 +307,15 @@ def table(tasks=tuple(PANEL_NAMES), compute_source: str = "bench") -> list[dict]
             notes.append((panel.note, PANEL_NAMES[task]))
             say(panel.note)
             continue
+        if panel.note:
+            notes.append((panel.note, PANEL_NAMES[task]))
+            say(panel.note)
         compute = None if compute_source == "measured" else bench_compute(task)
         level = gluon_level(panel)
-        atomic_write_text(OUT / f"spent_{PANEL_NAMES[task]}.md", spend(panel, level))
-        done.add(PANEL_NAMES[task])
         for label, net in models(measured):
             rows += crossover_rows(panel, level, net, compute, label)
+        atomic_write_text(OUT / f"spent_{PANEL_NAMES[task]}.md", spend(panel, level))
+        done.add(PANEL_NAMES[task])
     old = read_csv(OUT / "crossover.csv") if (OUT / "crossover.csv").exists() else []
     kept = [{**r, "seeds": int(r["seeds"]), "seeds_reached": int(r["seeds_reached"])}
             for r in old if r["task"] not in done]        # counts read back as numbers
@@ -459,7 +471,8 @@ def plot(tasks=FIGURE_PANELS, out: Path = FIG) -> list[Path]:
     return written
 
 
-README_METHODS = {"alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
+README_METHODS = {"large_batch_gluon": "large-batch Gluon", "local_gluon": "Local Gluon (syncs only)",
+                  "alg1": "Alg. 1 (RandK 1%)", "alg2": "Alg. 2 (TopK 1%, EF)",
                   "ef21_muon": "EF21-Muon (TopK 1%)", "alg4": "Alg. 4 (TopK 1%, EF + MVR)"}
 
 
