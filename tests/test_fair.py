@@ -463,7 +463,7 @@ def test_no_dense_baseline_no_reading(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(fair_panels, "SWEEPS", sweeps)
     monkeypatch.setattr(fair, "OUT", tmp_path / "out")
     fair.aggregate("logreg")
-    assert "no dense baseline's panel is complete yet; skipped" in capsys.readouterr().out
+    assert "no dense baseline's panel is complete yet; no reduction is read" in capsys.readouterr().out
     assert not (tmp_path / "out" / "decomposition.csv").exists()
 
 

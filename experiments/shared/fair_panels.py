@@ -164,3 +164,17 @@ def complete(groups: dict[str, list], where: str) -> dict[str, list]:
             print(f"{where}: {label} has {len(runs)} of {len(seeds)} seeds; "
                   "left out until its panel finishes")
     return {label: runs for label, runs in groups.items() if len(runs) == len(seeds)}
+
+
+def dense_waiting(groups: dict, where: str) -> list[str] | None:
+    """The dense baselines whose panels ``groups`` lacks, said at ``where``: each reduction stands
+    against its own baseline, and which one is best waits for them all. None (said) when no
+    dense baseline's panel is complete: there is nothing to read a reduction against."""
+    waiting = [b for b in DENSE if b not in groups]
+    if len(waiting) == len(DENSE):
+        print(f"{where}: no dense baseline's panel is complete yet; no reduction is read")
+        return None
+    if waiting:
+        print(f"{where}: the best dense baseline is undecided until {', '.join(waiting)} has its "
+              "panel; read against the others")
+    return waiting

@@ -25,7 +25,7 @@ from experiments.shared.decomposition import answer, decomposition, headline, qu
 from experiments.shared.decomposition import write_decomposition as _write_decomposition
 from experiments.shared.statistics import reduction_rows, smoothed_curves, window_of
 from experiments.shared.tables import read_csv, write_csv
-from experiments.shared.fair_panels import (BASELINES, DENSE, PANELS, READINGS, SWEEPS,
+from experiments.shared.fair_panels import (BASELINES, PANELS, READINGS, SWEEPS, dense_waiting,
                                             label_text, order, panel_runs, reading_runs, sweep_of)
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
@@ -50,13 +50,8 @@ def aggregate(task: str) -> None:
         if not groups:
             print(f"[fair] {root}: no finished runs yet; skipped")
             continue
-        waiting = [b for b in DENSE if b not in groups]
-        if len(waiting) == len(DENSE):
-            print(f"[fair] {root}: no dense baseline's panel is complete yet; skipped")
+        if dense_waiting(groups, f"[fair] {root}") is None:
             continue
-        if waiting:   # each reduction stands against its own baseline; which is best waits
-            print(f"[fair] {root}: the best dense baseline is undecided until "
-                  f"{', '.join(waiting)} has its panel; read against the others")
         window = window_of(budget)
         write_csv(smoothed_curves(groups, panel.metric, budget, window, x=reading.x),
                   OUT / f"{task}_{name}_curves.csv")

@@ -30,7 +30,8 @@ import yaml
 
 from experiments.shared.configs import CONFIGS, sweep_dir
 from experiments.shared.decomposition import decomposition, quote_in_pages, write_decomposition
-from experiments.shared.fair_panels import BASELINES, DENSE, LABELS, ORDER, complete, order
+from experiments.shared.fair_panels import (BASELINES, LABELS, ORDER, complete, dense_waiting,
+                                            order)
 from experiments.shared.fig2_panels import budget_of
 from experiments.shared.files import atomic_write_text
 from experiments.shared.plotting import band_curve, log_axes, no_runs
@@ -72,14 +73,9 @@ def aggregate(split: str, sweep: str | None = None, out: Path = OUT) -> bool:
     window = window_of(budget)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(smoothed_curves(by_method, METRIC, budget, window), out / f"{split}_curves.csv")
-    waiting = [b for b in DENSE if b not in by_method]
-    if len(waiting) == len(DENSE):   # nothing to read a reduction against
-        print(f"[lm] {split} panel: no dense baseline's panel is complete; no reduction is claimed")
+    if dense_waiting(by_method, f"[lm] {split} panel") is None:
         rows = []
-    else:   # each reduction stands against its own baseline; which is best waits for them all
-        if waiting:
-            print(f"[lm] {split} panel: the best dense baseline is undecided until "
-                  f"{', '.join(waiting)} has its panel; read against the others")
+    else:
         rows = reduction_rows(by_method, METRIC, eps_list=EPS, budget=budget, width=window,
                               baselines=[b for b in BASELINES if b in by_method],
                               task=f"lm_{split}")
