@@ -215,7 +215,7 @@ fair-cnn-compute: $(STAMP)
 	$(CNN_SWEEP) experiment=fair_cnn/compute     # the other methods are read off their uplink runs
 
 .PHONY: fig-cost shaped shaped-cnn
-fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panel re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
+fig-cost: $(STAMP)  ## [study] Fig. 2's runs and the fair panels re-costed (docs/cost.md): compute, downlink, modelled wall-clock; figures/fig_cost_*.png, results/cost/crossover.md (no run recomputed)
 	$(PY) -m scripts.figures.cost all
 
 shaped: $(STAMP)  ## [study] (root) a real shaped network: Gluon and Alg. 1 on a5a, 2 gloo processes, measured vs modelled (results/cost/shaped.csv; about 9 min; docs/cost.md)
