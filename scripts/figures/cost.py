@@ -80,9 +80,10 @@ def _fair_panel(task: str, sweep: str | None = None) -> Panel:
     from experiments.shared.fair_panels import (BASELINES, PANELS, READINGS, budget_of, complete,
                                                 panel_runs, sweep_of)
     name = f"fair_{task}"
-    root = Path(sweep) if sweep else sweep_of(task, "uplink")
-    groups = {k: v for k, v in panel_runs(task, "uplink", Path(sweep) if sweep else None).items()
-              if "@" not in k} if root.exists() else {}     # with the runs it shares (SHARED)
+    given = Path(sweep) if sweep else None          # None: the reading's own folder, and SHARED
+    root = given or sweep_of(task, "uplink")
+    groups = {k: v for k, v in panel_runs(task, "uplink", given).items() if "@" not in k} \
+        if root.exists() else {}
     if not groups:
         return Panel(name, PANELS[task].metric, math.nan, math.nan, {},
                      f"no {PANEL_NAMES[name]} panel runs under {root} "
