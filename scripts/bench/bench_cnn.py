@@ -40,7 +40,6 @@ from experiments.tasks import ResolvedConfig
 
 
 CPU_WIDTHS = cnn_widths("cpu")
-NO_SYNCS = ("gluon", "large_batch_gluon", "ef21_muon")      # every step alike: no u = 1 count
 COSTED = ["gluon", "large_batch_gluon", "alg1", "alg2", "local_gluon", "ef21_muon"]  # make fig-cost's
 # compressor and the hyperparameters each method takes besides lr and beta
 SETTINGS = {
@@ -54,6 +53,11 @@ SETTINGS = {
     "alg4": ({"name": "topk", "density": 0.01}, {"q": True, "B": True}),
     "vr_marina": ({"name": "randk", "density": 0.01}, {"q": True}),
 }
+
+
+def has_syncs(method: str) -> bool:
+    """Whether the method's steps differ by u (a sync with probability q): those take q."""
+    return "q" in SETTINGS[method][1]
 
 
 def config(method: str, steps: int, threads: int, q: float, B: int, widths=CPU_WIDTHS,
@@ -154,7 +158,7 @@ def summary(results: list[dict]) -> str:
              "|---|---:|---:|---:|" + "---:|" * (len(cols) + 1)]
     for r in results:
         sh = shares(r)
-        u = "" if r["method"] in NO_SYNCS else f" ({r['syncs']})"
+        u = f" ({r['syncs']})" if has_syncs(r["method"]) else ""
         lines.append(f"| {r['method']} | {r['steps']}{u} | {1e3 * r['wall']:.1f} | "
                      f"{1e3 * r['cpu']:.1f} | " + " | ".join(f"{100 * sh[c]:.0f}%" for c in cols)
                      + f" | **{100 * sh['overhead']:.1f}%** |")
@@ -300,7 +304,7 @@ def main(argv=None):
     for name in args.methods:
         r = bench(name, args)
         results.append(r)
-        u = "" if name in NO_SYNCS else f" ({r['syncs']} with u = 1)"
+        u = f" ({r['syncs']} with u = 1)" if has_syncs(name) else ""
         details.append(f"### {name}: {r['steps']} steps{u}\n\n{table(r)}\n")
         print(details[-1], flush=True)
     n_params = results[0]["n_params"] if results else None

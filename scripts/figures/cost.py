@@ -304,13 +304,11 @@ def table(tasks=tuple(PANEL_NAMES), compute_source: str = "bench") -> list[dict]
     OUT.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         panel = load_panel(task)
+        if panel.note:                  # no runs, or baselines still running
+            notes.append((panel.note, PANEL_NAMES[task]))
+            say(panel.note)
         if not panel.runs:
-            notes.append((panel.note, PANEL_NAMES[task]))
-            say(panel.note)
             continue
-        if panel.note:
-            notes.append((panel.note, PANEL_NAMES[task]))
-            say(panel.note)
         compute = None if compute_source == "measured" else bench_compute(task)
         level = gluon_level(panel)
         for label, net in models(measured):
